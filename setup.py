@@ -1,0 +1,56 @@
+"""Packaging for roll_spotlight.
+
+Dependency ranges are chosen to install next to ROLL v0.3.0's ``requirements_common.txt``
+(ray==2.48.0, numpy<2). torch is deliberately left unpinned: ROLL users bring their own build.
+"""
+from setuptools import find_packages, setup
+
+ENTRY_POINTS = {
+    "console_scripts": ["spotlight = roll_spotlight.cli:main"],
+    "roll_spotlight.rewards": [
+        "shapes = roll_spotlight.rewards.shapes:ShapesReward",
+        "ocr = roll_spotlight.rewards.ocr:OcrReward",
+        "jpeg_compressibility = roll_spotlight.rewards.jpeg:JpegCompressibility",
+        "brightness = roll_spotlight.rewards.jpeg:MeanBrightness",
+    ],
+}
+
+setup(
+    name="roll_spotlight",
+    version="0.1.0",
+    description="Spot-GPU harvesting for Flow-GRPO post-training of Diffusion Transformers on ROLL",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["roll_spotlight", "roll_spotlight.*"])
+    + ["roll_spotlight.patches"],
+    package_dir={"roll_spotlight.patches": "patches"},
+    package_data={"roll_spotlight": ["py.typed"]},
+    install_requires=[
+        "torch>=2.6",
+        "diffusers>=0.35",
+        "omegaconf>=2.3,<2.4",
+        "hydra-core>=1.3",
+        "ray>=2.48",
+        "numpy>=1.24",
+        "pillow>=9.0",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "ocr": ["rapidocr-onnxruntime>=1.3"],
+        "megatron": ["megatron-core>=0.12"],
+        "gpu": ["flash-attn>=2.6"],
+        "dev": [
+            "pytest>=7.4",
+            "pytest-mock>=3.10",
+            "hypothesis>=6.80",
+            "transformers>=4.51",
+            "accelerate>=0.30",
+            "matplotlib>=3.7",
+            "tensorboard>=2.14",
+            "scipy>=1.10",
+            "psutil>=5.9",
+        ],
+    },
+    entry_points=ENTRY_POINTS,
+)
