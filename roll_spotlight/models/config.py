@@ -1,0 +1,100 @@
+"""Configuration of the DiT policy (tiny pixel-space model or a real Qwen-Image checkpoint).
+
+This module imports no torch, so configs can be built and validated anywhere (CLI, Hydra, tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRESETS = ("tiny", "qwen_image")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class ModelConfig:
+    """Which DiT to build and how.
+
+    `preset="tiny"` builds `TinyShapesDiT`: a small random-init `QwenImageTransformer2DModel` on
+    pixel-space RGB images of `image_size` plus a learned word-level prompt encoder; the
+    architecture knobs below apply to it only. `preset="qwen_image"` loads a diffusers-format
+    pipeline directory from `path` (never downloads); `max_sequence_length` caps its text tokens.
+    `path` is not read by `build_policy` for the tiny preset (a tiny base checkpoint is loaded
+    with `load_tiny_policy`).
+    """
+
+    preset: str = "tiny"
+    path: str | None = None
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    image_size: int = 32
+    device: str = "cpu"
+    # tiny architecture
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    attention_head_dim: int = 32
+    joint_attention_dim: int = 64
+    axes_dims_rope: tuple[int, int, int] = (8, 12, 12)
+    max_prompt_tokens: int = 16
+    prompt_encoder_layers: int = 1
+    # real text encoder
+    max_sequence_length: int = 512
+
+    def __post_init__(self) -> None:
+        self.axes_dims_rope = tuple(int(a) for a in self.axes_dims_rope)
+        self._validate_choices()
+        self._validate_positive()
+        self._validate_tiny_architecture()
+        self._validate_image_size()
+
+    def _validate_choices(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"model.preset must be one of {PRESETS}, got {self.preset!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.preset == "qwen_image" and not self.path:
+            raise ValueError(
+                f"model.path must name a local diffusers pipeline directory for preset 'qwen_image', got {self.path!r}"
+            )
+
+    def _validate_positive(self) -> None:
+        for key in ("image_size", "num_layers", "num_attention_heads", "attention_head_dim",
+                    "joint_attention_dim", "max_sequence_length"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.{key} must be a positive int, got {value!r}")
+        if self.prompt_encoder_layers < 0:
+            raise ValueError(f"model.prompt_encoder_layers must be >= 0, got {self.prompt_encoder_layers!r}")
+        if self.max_prompt_tokens < 2:
+            raise ValueError(
+                f"model.max_prompt_tokens must be >= 2 (one start token plus words), got {self.max_prompt_tokens!r}"
+            )
+        if self.max_sequence_length > 1024:
+            raise ValueError(
+                f"model.max_sequence_length must be <= 1024 (Qwen-Image limit), got {self.max_sequence_length}"
+            )
+
+    def _validate_tiny_architecture(self) -> None:
+        if len(self.axes_dims_rope) != 3:
+            raise ValueError(
+                f"model.axes_dims_rope must have 3 entries (frame, height, width), got {self.axes_dims_rope}"
+            )
+        if sum(self.axes_dims_rope) != self.attention_head_dim:
+            raise ValueError(
+                f"model.axes_dims_rope must sum to model.attention_head_dim={self.attention_head_dim}, "
+                f"got {self.axes_dims_rope} (sum {sum(self.axes_dims_rope)})"
+            )
+        if any(a % 2 for a in self.axes_dims_rope):
+            raise ValueError(f"model.axes_dims_rope entries must be even (rotary pairs), got {self.axes_dims_rope}")
+        if self.joint_attention_dim % 4:
+            raise ValueError(
+                "model.joint_attention_dim must be divisible by 4 (prompt encoder heads), "
+                f"got {self.joint_attention_dim}"
+            )
+
+    def _validate_image_size(self) -> None:
+        multiple = 2 if self.preset == "tiny" else 16
+        if self.image_size % multiple:
+            raise ValueError(
+                f"model.image_size must be divisible by {multiple} for preset {self.preset!r}, got {self.image_size}"
+            )
