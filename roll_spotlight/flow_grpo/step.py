@@ -1,0 +1,165 @@
+"""One denoising transition x_t -> x_{t+1} of Flow-GRPO, with the log-density of the sample drawn.
+
+Conventions (DESIGN.md §4): sigma runs from 1 (noise) to 0 (data), dt = sigma_next - sigma < 0,
+`velocity` is the model's flow-matching velocity v, a = `noise_level`.
+
+Kinds:
+    "sde"  Flow-GRPO's reverse SDE with the marginals of the ODE:
+           std_t = a * sqrt(sigma / (1 - sigma)), with sigma_next in the denominator when sigma == 1
+           mean  = x (1 + std_t^2 dt / (2 sigma)) + v (1 + std_t^2 (1 - sigma) / (2 sigma)) dt
+           x'    = mean + std_t sqrt(-dt) eps
+    "cps"  coefficients-preserving sampling: std = sigma_next sin(a pi/2), x0 = x - sigma v,
+           eps_hat = x + (1 - sigma) v, mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) eps_hat,
+           x' = mean + std eps
+    "ode"  Euler: x' = x + v dt (std 0; identical to diffusers' FlowMatchEulerDiscreteScheduler.step)
+
+log_prob is the full Gaussian log-density of x' under N(mean, std^2), constants included, averaged
+over the non-batch dims. Flow-GRPO's reference CPS code drops the normalisation (-log std - log
+sqrt(2 pi)) and the 1/(2 std^2) factor; we keep the true density for every kind so that values are
+comparable across kinds and testable against torch.distributions. The PPO ratio is unaffected,
+because std does not depend on the policy parameters, so those terms cancel in logp - logp_old.
+A deterministic transition (std == 0: "ode", or "cps" onto sigma_next == 0) has no density; its
+log_prob is returned as zeros, and callers must not train on it.
+
+Everything is computed in float32, upcast once on entry: the log-density subtracts two nearly
+equal numbers (x' - mean, of order std ~ 1e-2..1e-1) and divides by std^2; in bf16 (8 mantissa bits)
+that difference loses most of its digits and the PPO ratio exp(logp - logp_old), with clip range
+1e-4, would be pure rounding noise.
+
+Bit-identity: the latent-sized work is plain +, -, *, / (IEEE-exact in vector and scalar loops), and
+per-step coefficients are computed on the (small) sigma tensors, so a sample's result does not
+depend on which batch it runs in, given a shared (0-d) sigma.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .noise import step_noise
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class StepKind(str, enum.Enum):
+    SDE = "sde"
+    CPS = "cps"
+    ODE = "ode"
+
+    @classmethod
+    def parse(cls, kind: str | StepKind) -> StepKind:
+        try:
+            return cls(kind)
+        except ValueError:
+            known = [k.value for k in cls]
+            raise ValueError(f"kind={kind!r} is not one of {known}") from None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """prev_sample (B, ...), log_prob (B,), mean (B, ...), std (0-d or (B, 1, ..., 1)); all float32."""
+
+    prev_sample: torch.Tensor
+    log_prob: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+def _as_sigma(sigma: float | torch.Tensor, sample: torch.Tensor, name: str) -> torch.Tensor:
+    """A float32 sigma on sample's device: 0-d when shared, (B, 1, ..., 1) when per sample."""
+    value = torch.as_tensor(sigma, dtype=torch.float32, device=sample.device)
+    if value.dim() == 0:
+        return value
+    if value.shape != (sample.shape[0],):
+        raise ValueError(f"{name} has shape {tuple(value.shape)}; expected () or ({sample.shape[0]},)")
+    return value.view(-1, *([1] * (sample.dim() - 1)))
+
+
+def _sde_moments(x, v, sigma, sigma_next, a: float):
+    dt = sigma_next - sigma
+    std_t = a * torch.sqrt(sigma / (1.0 - torch.where(sigma == 1.0, sigma_next, sigma)))
+    var_t = std_t * std_t
+    coef_x = 1.0 + var_t / (2.0 * sigma) * dt
+    coef_v = (1.0 + var_t * (1.0 - sigma) / (2.0 * sigma)) * dt
+    return x * coef_x + v * coef_v, std_t * torch.sqrt(-dt)
+
+
+def _cps_moments(x, v, sigma, sigma_next, a: float):
+    std = sigma_next * math.sin(a * math.pi / 2.0)
+    x0 = x - v * sigma
+    eps_hat = x + v * (1.0 - sigma)
+    coef_eps = torch.sqrt(torch.clamp(sigma_next * sigma_next - std * std, min=0.0))
+    return x0 * (1.0 - sigma_next) + eps_hat * coef_eps, std
+
+
+def _ode_moments(x, v, sigma, sigma_next, a: float):
+    dt = sigma_next - sigma
+    return x + v * dt, torch.zeros_like(dt)
+
+
+_MOMENTS = {StepKind.SDE: _sde_moments, StepKind.CPS: _cps_moments, StepKind.ODE: _ode_moments}
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, std^2) averaged over non-batch dims, (B,); zeros where std == 0."""
+    positive = std > 0
+    safe_std = torch.where(positive, std, torch.ones_like(std))
+    density = -((x - mean) ** 2) / (2.0 * safe_std * safe_std) - torch.log(safe_std) - _LOG_SQRT_2PI
+    density = torch.where(positive, density, torch.zeros_like(density))
+    return density.reshape(density.shape[0], -1).mean(dim=1)
+
+
+def _standard_normal(sample, noise, generator_seeds, step_index) -> torch.Tensor:
+    if noise is not None:
+        if noise.shape != sample.shape:
+            raise ValueError(f"noise has shape {tuple(noise.shape)}; expected {tuple(sample.shape)}")
+        return noise.to(device=sample.device, dtype=torch.float32)
+    if generator_seeds is None or step_index is None:
+        raise ValueError("pass noise=..., or both generator_seeds=... and step_index=..., to draw a step")
+    if len(generator_seeds) != sample.shape[0]:
+        raise ValueError(f"{len(generator_seeds)} generator_seeds for a batch of {sample.shape[0]}")
+    return step_noise(generator_seeds, step_index, tuple(sample.shape[1:]), device=sample.device)
+
+
+def sde_step(
+    velocity: torch.Tensor,
+    sample: torch.Tensor,
+    sigma: float | torch.Tensor,
+    sigma_next: float | torch.Tensor,
+    *,
+    noise_level: float,
+    kind: str | StepKind = "sde",
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+    generator_seeds: Sequence[int] | None = None,
+    step_index: int | None = None,
+) -> StepResult:
+    """Take (or, with `prev_sample`, score) one transition; see the module docstring for the math.
+
+    With `prev_sample` nothing is drawn: its log-prob under the current velocity is returned and it
+    is echoed back (training recomputes log-probs this way). It is detached, so gradients reach the
+    policy only through `mean`. Otherwise the standard normal draw is `noise`, or
+    step_noise(generator_seeds, step_index, ...). sigma/sigma_next: floats, 0-d or (B,) tensors.
+    """
+    step_kind = StepKind.parse(kind)
+    if step_kind is not StepKind.ODE and not noise_level > 0:
+        raise ValueError(f"noise_level={noise_level} must be > 0 for kind={step_kind.value!r}")
+    x = sample.to(torch.float32)
+    v = velocity.to(device=x.device, dtype=torch.float32)
+    if v.shape != x.shape:
+        raise ValueError(f"velocity has shape {tuple(v.shape)}; expected {tuple(x.shape)}")
+    s, s_next = _as_sigma(sigma, x, "sigma"), _as_sigma(sigma_next, x, "sigma_next")
+    mean, std = _MOMENTS[step_kind](x, v, s, s_next, float(noise_level))
+    if prev_sample is not None:
+        if prev_sample.shape != x.shape:
+            raise ValueError(f"prev_sample has shape {tuple(prev_sample.shape)}; expected {tuple(x.shape)}")
+        x_next = prev_sample.detach().to(torch.float32)
+    elif step_kind is StepKind.ODE:
+        x_next = mean
+    else:
+        x_next = mean + std * _standard_normal(x, noise, generator_seeds, step_index)
+    return StepResult(prev_sample=x_next, log_prob=gaussian_log_prob(x_next, mean, std), mean=mean, std=std)
