@@ -1,0 +1,131 @@
+"""Deterministic renderer of shapes scenes: hard-edged palette shapes on a black background.
+
+Geometry is shared with the detector through `shape_mask`: a shape always fills its box edge to
+edge, so a rendered object's bounding box is exactly its box, and the detector can classify a
+component by comparing it with the three ideal masks fitted to that bounding box.
+
+Sizes are legible at 32x32 (sides 7-10 px) and scale linearly with `size`. Objects never overlap and
+keep a gap of >= 2 px (scaled), so each is one connected component. A relation `A rel B` is
+rendered with the mask centroids >= `RELATION_MARGIN * size` apart along the relation's axis.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from roll_spotlight.tasks.shapes.spec import BACKGROUND, COLORS, SceneSpec
+
+SIDE_RANGE_32 = (7, 10)   # object side in pixels at size 32
+GAP_32 = 2                # min empty pixels between objects at size 32
+BORDER_32 = 1             # min empty pixels to the image edge at size 32
+RELATION_MARGIN = 0.25    # centroid offset along the relation axis, as a fraction of the size
+_MAX_TRIES = 200
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One drawn object: its shape, colour and box (top, left, side)."""
+
+    shape: str
+    color: str
+    top: int
+    left: int
+    side: int
+
+    def centroid(self) -> tuple[float, float]:
+        """(y, x) of the mask centroid in pixel-centre coordinates."""
+        ys, xs = np.nonzero(shape_mask(self.shape, self.side, self.side))
+        return self.top + float(ys.mean()), self.left + float(xs.mean())
+
+
+def shape_mask(shape: str, height: int, width: int) -> np.ndarray:
+    """Boolean (height, width) mask of `shape` touching all four edges of its box.
+
+    Pixel (i, j) is tested at its centre, except the triangle rows, which use their lower edge so
+    that the apex row is never empty. The triangle points up with its base on the bottom row.
+    """
+    ys = (np.arange(height) + 0.5)[:, None]
+    xs = (np.arange(width) + 0.5)[None, :]
+    if shape == "square":
+        return np.ones((height, width), dtype=bool)
+    if shape == "circle":
+        u, v = (xs - width / 2) / (width / 2), (ys - height / 2) / (height / 2)
+        return u * u + v * v <= 1.0
+    if shape == "triangle":
+        return np.abs(xs - width / 2) <= (width / 2) * (ys + 0.5) / height + 1e-9
+    raise ValueError(f"shape={shape!r} has no mask")
+
+
+def _scaled(pixels_at_32: int, size: int) -> int:
+    return max(1, int(round(pixels_at_32 * size / 32)))
+
+
+def _instances(spec: SceneSpec, rng: np.random.Generator) -> list[tuple[str, str]]:
+    """(shape, colour) of every object to draw; a free colour is drawn from the palette."""
+    names = list(COLORS)
+    out = []
+    for obj in spec.objects:
+        color = obj.color if obj.color is not None else names[int(rng.integers(len(names)))]
+        out += [(obj.shape, color)] * obj.count
+    return out
+
+
+def _fits(box: Placement, placed: list[Placement], gap: int) -> bool:
+    for other in placed:
+        apart_y = box.top >= other.top + other.side + gap or other.top >= box.top + box.side + gap
+        apart_x = box.left >= other.left + other.side + gap or other.left >= box.left + box.side + gap
+        if not (apart_y or apart_x):
+            return False
+    return True
+
+
+def relation_holds(a: tuple[float, float], b: tuple[float, float], relation: str, margin: float) -> bool:
+    """Whether centroid `a` (y, x) is `relation` of centroid `b` by more than `margin` pixels."""
+    offsets = {"left of": b[1] - a[1], "right of": a[1] - b[1], "above": b[0] - a[0], "below": a[0] - b[0]}
+    if relation not in offsets:
+        raise ValueError(f"relation={relation!r} is not one of {tuple(offsets)}")
+    return offsets[relation] > margin
+
+
+def _try_layout(spec: SceneSpec, rng: np.random.Generator, size: int) -> list[Placement] | None:
+    lo, hi = (_scaled(s, size) for s in SIDE_RANGE_32)
+    gap, border = _scaled(GAP_32, size), _scaled(BORDER_32, size)
+    placed: list[Placement] = []
+    for shape, color in _instances(spec, rng):
+        side = int(rng.integers(lo, hi + 1))
+        for _ in range(_MAX_TRIES):
+            top, left = (int(v) for v in rng.integers(border, size - border - side + 1, size=2))
+            box = Placement(shape, color, top, left, side)
+            if _fits(box, placed, gap):
+                placed.append(box)
+                break
+        else:
+            return None
+    if spec.relation is not None:
+        a, b = placed[0].centroid(), placed[1].centroid()
+        if not relation_holds(a, b, spec.relation, RELATION_MARGIN * size):
+            return None
+    return placed
+
+
+def layout(spec: SceneSpec, seed: int, size: int = 32) -> list[Placement]:
+    """The placements of a scene; a pure function of (spec, seed, size)."""
+    if size < 16:
+        raise ValueError(f"size={size!r} must be >= 16 for legible shapes")
+    rng = np.random.default_rng(seed)
+    for _ in range(_MAX_TRIES):
+        placed = _try_layout(spec, rng, size)
+        if placed is not None:
+            return placed
+    raise AssertionError(f"no layout found for {spec!r} at size {size}")  # unreachable at sizes >= 16
+
+
+def render(spec: SceneSpec, seed: int, size: int = 32) -> np.ndarray:
+    """uint8 (size, size, 3) image of the scene; deterministic in (spec, seed, size)."""
+    image = np.empty((size, size, 3), dtype=np.uint8)
+    image[:] = BACKGROUND
+    for box in layout(spec, seed, size):
+        region = image[box.top:box.top + box.side, box.left:box.left + box.side]
+        region[shape_mask(box.shape, box.side, box.side)] = COLORS[box.color]
+    return image
