@@ -1,0 +1,338 @@
+"""SpotMarket: a trace replayed as node-level events (NODE_UP, NOTICE, NODE_DOWN) on a wall clock.
+
+Node lifecycle (one node id, never reused)::
+
+    (absent) --NODE_UP--> ALIVE --NOTICE--> NOTIFIED --NODE_DOWN--> GONE
+
+A node that outlives the replay window never gets NOTICE/NODE_DOWN; its NOTICE may still fall in
+the window when its reclamation lies just after it. Simultaneous events of one kind are listed in
+the nodes' join order.
+
+How a trace becomes node lifetimes (trace seconds), zone by zone, in one chronological replay:
+
+- **Event traces** name their nodes: ``add`` -> NODE_UP, ``remove`` -> NODE_DOWN of that node.
+  Ids are ``<zone>/<trace node name>`` (``p3/node17``).
+- **Count traces** give N_z(t). The replay keeps ``alive_z <= N_z(t)``: when N_z drops below the
+  alive count, the surplus nodes are preempted; when N_z rises above it, new nodes join
+  (``<zone>/n<k>``, k counting from 0 per zone). Victims of a drop follow ``MarketConfig.victims``:
+  ``"newest_first"`` (default: the most recently joined nodes go first, i.e. LIFO, which mirrors
+  providers reclaiming the last-granted capacity and keeps long-lived nodes stable) or
+  ``"seeded_random"`` (uniform among the zone's alive nodes, from an RNG seeded by
+  ``(seed, crc32(zone))``, so the pick in one zone does not depend on the other zones). For
+  capacity traces this is the README's rule "preempt whatever runs above the new capacity".
+- **cap_nodes = M** scales to a smaller cluster: the total alive set over all zones is capped at
+  M; a join that would exceed M is ignored (an event-trace node ignored at its ``add`` stays
+  ignored, so its ``remove`` is ignored too). Adds happen only at trace joins/rises: a slot freed
+  by a preemption is not back-filled until the trace adds a node again.
+- At one instant departures are processed before arrivals, so the alive set never exceeds M.
+
+Window and clock: the replay window starts at ``t0 = ramp_end + start_s`` (``ramp_end`` = 0, or
+with ``skip_ramp`` the first time the total alive count reaches its maximum over the trace: 25 min
+into the Bamboo p3 trace, where the fleet reaches 32) and lasts ``duration_s`` trace seconds
+(default: to the end of the trace): ``[t0, t0 + duration_s)``, closed at the trace end so the last
+rows of an event trace count. On count traces ``skip_ramp`` jumps to the first capacity peak, which
+may lie far into the trace. Nodes alive at ``t0`` get NODE_UP at wall time 0. Wall time =
+(trace time - t0) / compression. With ``cap_nodes`` the cap is applied from the trace start, before
+the window is cut.
+
+Notice: NOTICE comes ``notice_s`` **wall** seconds before NODE_DOWN (not compressed: it is the
+deadline the workers must meet in real time), clamped so it never precedes the node's NODE_UP
+(nor wall time 0). Defaults per provider: AWS 120 s, GCP 30 s, Azure 30 s.
+
+Everything is deterministic: the same trace and config give the same event list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from roll_spotlight.spot.traces import CountSeries, EventList, Trace
+
+NOTICE_S_BY_PROVIDER = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+NOTICE_SOURCES = {
+    "aws": "AWS EC2 docs, 'Spot Instance interruption notices' (2 minutes)",
+    "gcp": "Compute Engine API docs (scheduling.skipGuestOsShutdown): 30 s from ACPI soft-off to hard-off",
+    "azure": "Azure docs, 'Scheduled Events': Preempt event >= 30 s ahead",
+}
+VICTIM_RULES = ("newest_first", "seeded_random")
+
+
+class EventKind(enum.Enum):
+    NODE_UP = "node_up"
+    NOTICE = "notice"
+    NODE_DOWN = "node_down"
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    notice_s: float | None = None  # None: the provider's notice (NOTICE_S_BY_PROVIDER)
+    victims: str = "newest_first"
+    seed: int = 0
+    compression: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    skip_ramp: bool = False
+    cap_nodes: int | None = None
+    zones: tuple[str, ...] | None = None  # None: every zone of the trace
+
+    def __post_init__(self) -> None:
+        if self.notice_s is not None and not self.notice_s >= 0:
+            raise ValueError(f"notice_s={self.notice_s!r} must be >= 0")
+        if self.victims not in VICTIM_RULES:
+            raise ValueError(f"victims={self.victims!r} is not one of {list(VICTIM_RULES)}")
+        if not (self.compression > 0 and math.isfinite(self.compression)):
+            raise ValueError(f"compression={self.compression!r} must be a finite number > 0")
+        if not self.start_s >= 0:
+            raise ValueError(f"start_s={self.start_s!r} must be >= 0")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration_s={self.duration_s!r} must be > 0")
+        if self.cap_nodes is not None and self.cap_nodes < 1:
+            raise ValueError(f"cap_nodes={self.cap_nodes!r} must be >= 1")
+        if self.zones is not None and not self.zones:
+            raise ValueError("zones=() selects nothing; use None for every zone")
+
+
+@dataclass(frozen=True)
+class MarketEvent:
+    time_s: float  # wall seconds since the window start
+    kind: EventKind
+    node_id: str
+    zone: str
+    trace_time_s: float  # when it happens in the trace (for NOTICE: derived from the wall time)
+
+
+@dataclass(frozen=True)
+class NodeLife:
+    """A node's stay in trace seconds; ``down_s`` None = never reclaimed within the trace."""
+
+    node_id: str
+    zone: str
+    up_s: float
+    down_s: float | None
+
+
+# Ordering of events at one instant: departures (NOTICE then NODE_DOWN) before arrivals, and a
+# NOTICE clamped onto its node's NODE_UP after that NODE_UP. Keys: (wall time, rank, join order).
+_RANK = {EventKind.NOTICE: 0, EventKind.NODE_DOWN: 1, EventKind.NODE_UP: 2}
+_RANK_CLAMPED_NOTICE = 3
+
+
+class SpotMarket:
+    """Replays a trace as an ordered, immutable list of ``MarketEvent`` (see the module docstring)."""
+
+    def __init__(self, trace: Trace, config: MarketConfig | None = None) -> None:
+        self.config = config or MarketConfig()
+        self.trace = trace.select_zones(tuple(self.config.zones or trace.zone_names))
+        self.notice_s = (self.config.notice_s if self.config.notice_s is not None
+                         else NOTICE_S_BY_PROVIDER[trace.provider])
+        self.lives: tuple[NodeLife, ...] = tuple(_replay(self.trace, self.config))
+        self.window_start_s = self._window_start()
+        self.window_end_s = self._window_end()
+        self.events: tuple[MarketEvent, ...] = tuple(self._build_events())
+        self._times = [ev.time_s for ev in self.events]
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def duration_s(self) -> float:
+        """Wall length of the replay window."""
+        return self._wall(self.window_end_s)
+
+    def __iter__(self) -> Iterator[MarketEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def events_between(self, t0: float, t1: float) -> tuple[MarketEvent, ...]:
+        """Events with ``t0 <= time_s < t1`` (wall seconds), in order."""
+        lo = bisect.bisect_left(self._times, t0)
+        hi = bisect.bisect_left(self._times, t1)
+        return self.events[lo:hi]
+
+    def alive_at(self, t: float) -> frozenset[str]:
+        """Node ids alive at wall time ``t``, after every event with ``time_s <= t``."""
+        alive: dict[str, None] = {}
+        for ev in self.events[: bisect.bisect_right(self._times, t)]:
+            if ev.kind is EventKind.NODE_UP:
+                alive[ev.node_id] = None
+            elif ev.kind is EventKind.NODE_DOWN:
+                del alive[ev.node_id]
+        return frozenset(alive)
+
+    # -- construction --------------------------------------------------------------------------
+
+    def _wall(self, trace_t: float) -> float:
+        return (trace_t - self.window_start_s) / self.config.compression
+
+    def _window_start(self) -> float:
+        ramp_end = _ramp_end(self.lives) if self.config.skip_ramp else 0.0
+        return ramp_end + self.config.start_s
+
+    def _window_end(self) -> float:
+        end = self.trace.end_s
+        if self.config.duration_s is not None:
+            end = min(end, self.window_start_s + self.config.duration_s)
+        if end <= self.window_start_s:
+            raise ValueError(f"start_s={self.config.start_s!r} (window start {self.window_start_s:.0f} s) "
+                             f"is not before the trace end {self.trace.end_s:.0f} s")
+        return end
+
+    def _before_end(self, wall_t: float) -> bool:
+        """The window is half-open, except that a window reaching the trace end keeps its last instant
+        (the final rows of an event trace are real preemptions)."""
+        end_w = self._wall(self.window_end_s)
+        return wall_t < end_w or (wall_t == end_w and self.window_end_s == self.trace.end_s)
+
+    def _build_events(self) -> list[MarketEvent]:
+        keyed: list[tuple[tuple, MarketEvent]] = []
+        for seq, life in enumerate(self.lives):
+            keyed.extend(self._life_events(seq, life))
+        keyed.sort(key=lambda pair: pair[0])
+        return [ev for _, ev in keyed]
+
+    def _life_events(self, seq: int, life: NodeLife) -> list[tuple[tuple, MarketEvent]]:
+        t0, down = self.window_start_s, life.down_s
+        if not self._before_end(self._wall(life.up_s)) or (down is not None and down <= t0):
+            return []
+        up_w = self._wall(max(life.up_s, t0))
+        out = [((up_w, _RANK[EventKind.NODE_UP], seq),
+                MarketEvent(up_w, EventKind.NODE_UP, life.node_id, life.zone, max(life.up_s, t0)))]
+        if down is None:
+            return out
+        down_w = self._wall(down)
+        notice_w = max(down_w - self.notice_s, up_w)
+        if self._before_end(notice_w):
+            rank = _RANK_CLAMPED_NOTICE if notice_w == up_w else _RANK[EventKind.NOTICE]
+            trace_t = t0 + notice_w * self.config.compression
+            notice = MarketEvent(notice_w, EventKind.NOTICE, life.node_id, life.zone, trace_t)
+            out.append(((notice_w, rank, seq), notice))
+        if self._before_end(down_w):
+            out.append(((down_w, _RANK[EventKind.NODE_DOWN], seq),
+                        MarketEvent(down_w, EventKind.NODE_DOWN, life.node_id, life.zone, down)))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay: trace -> node lifetimes (trace seconds)
+
+# A raw trace operation: (time, order, zone, op, arg). order 0 = departures first at one instant.
+_Op = tuple[float, int, str, str, object]
+
+
+def _trace_ops(trace: Trace) -> list[_Op]:
+    ops: list[_Op] = []
+    for zone, data in trace.zones.items():
+        ops.extend(_event_ops(zone, data) if isinstance(data, EventList) else _count_ops(zone, data))
+    ops.sort(key=lambda op: (op[0], op[1]))  # stable: ties keep zone order, then row order
+    return ops
+
+
+def _event_ops(zone: str, data: EventList) -> list[_Op]:
+    return [(ev.time_s, 0 if ev.op == "remove" else 1, zone, ev.op, ev.node) for ev in data.events]
+
+
+def _count_ops(zone: str, data: CountSeries) -> list[_Op]:
+    ops: list[_Op] = []
+    previous = 0
+    for t, n in zip(data.times_s.tolist(), data.counts.tolist()):
+        if n != previous:
+            ops.append((t, 0 if n < previous else 1, zone, "level", n))
+        previous = n
+    return ops
+
+
+class _Replay:
+    """Chronological replay with the victim rule and the cluster cap; collects NodeLife records."""
+
+    def __init__(self, zones: tuple[str, ...], config: MarketConfig) -> None:
+        self.cap = config.cap_nodes if config.cap_nodes is not None else math.inf
+        self.victims = config.victims
+        self.rngs = {z: np.random.default_rng([config.seed, zlib.crc32(z.encode())]) for z in zones}
+        self.alive: dict[str, list[str]] = {z: [] for z in zones}  # arrival order
+        self.next_id = {z: 0 for z in zones}
+        self.up: dict[str, tuple[float, int]] = {}  # node id -> (join time, join sequence)
+        self.lives: dict[int, NodeLife] = {}  # join sequence -> life
+        self.total = 0
+        self.joins = 0
+
+    def apply(self, op: _Op) -> None:
+        t, _, zone, kind, arg = op
+        if kind == "add":
+            self._join(t, zone, f"{zone}/{arg}")
+        elif kind == "remove":
+            self._leave(t, zone, f"{zone}/{arg}")
+        elif kind == "level":
+            self._set_level(t, zone, int(arg))
+        else:
+            raise AssertionError(f"unknown trace op {kind!r}")
+
+    def _join(self, t: float, zone: str, node_id: str) -> None:
+        if self.total >= self.cap:
+            return  # ignored by the cap; its later remove finds it absent and is ignored too
+        self.alive[zone].append(node_id)
+        self.up[node_id] = (t, self.joins)
+        self.joins += 1
+        self.total += 1
+
+    def _leave(self, t: float, zone: str, node_id: str) -> None:
+        if node_id not in self.up:
+            return
+        self.alive[zone].remove(node_id)
+        self.total -= 1
+        up, seq = self.up.pop(node_id)
+        if t > up:
+            self.lives[seq] = NodeLife(node_id, zone, up, t)
+        # else: joined and left at one instant, never visible to a consumer
+
+    def _set_level(self, t: float, zone: str, level: int) -> None:
+        alive = self.alive[zone]
+        for node_id in self._pick_victims(zone, len(alive) - level):
+            self._leave(t, zone, node_id)
+        while len(alive) < level and self.total < self.cap:
+            self._join(t, zone, f"{zone}/n{self.next_id[zone]}")
+            self.next_id[zone] += 1
+
+    def _pick_victims(self, zone: str, k: int) -> list[str]:
+        alive = self.alive[zone]
+        if k <= 0:
+            return []
+        if self.victims == "newest_first":
+            return alive[-k:][::-1]
+        picks = self.rngs[zone].choice(len(alive), size=k, replace=False)
+        return [alive[i] for i in sorted(picks.tolist())]
+
+    def finish(self) -> list[NodeLife]:
+        """All lives in join order; nodes still up at the end have ``down_s`` None."""
+        lives = dict(self.lives)
+        for zone, nodes in self.alive.items():
+            for node_id in nodes:
+                up, seq = self.up[node_id]
+                lives[seq] = NodeLife(node_id, zone, up, None)
+        return [lives[seq] for seq in sorted(lives)]
+
+
+def _replay(trace: Trace, config: MarketConfig) -> list[NodeLife]:
+    replay = _Replay(trace.zone_names, config)
+    for op in _trace_ops(trace):
+        replay.apply(op)
+    return replay.finish()
+
+
+def _ramp_end(lives: tuple[NodeLife, ...]) -> float:
+    """First trace time at which the total alive count reaches its maximum."""
+    deltas: dict[float, int] = {}
+    for life in lives:
+        deltas[life.up_s] = deltas.get(life.up_s, 0) + 1
+        if life.down_s is not None:
+            deltas[life.down_s] = deltas.get(life.down_s, 0) - 1
+    times = sorted(deltas)
+    counts = np.cumsum([deltas[t] for t in times])
+    return float(times[int(np.argmax(counts))]) if times else 0.0

@@ -1,0 +1,153 @@
+"""Synthetic spot traces for users without a trace file (the repository ships no trace data).
+
+Model: a fleet of ``nodes`` spot nodes all join at t = 0. Preemption batches arrive as a Poisson
+process with mean gap ``mtbp_s``; a batch reclaims a geometric (default) or 1 + Poisson number of
+nodes with mean ``mean_batch``, chosen uniformly among the alive ones. Every reclaimed node is
+replaced by a fresh one (new name, never reused) exactly ``replace_delay_s`` later. A batch that
+finds fewer nodes alive than it drew is cut short (dropped when none is alive) and a warning is
+logged: measured MTBP and batch size match the request only while the fleet rarely runs dry, which
+holds for the defaults.
+
+``DEFAULT_SYNTHETIC`` imitates the Bamboo AWS p3 trace (``bamboo-spot-traces/aws/p3-trace.csv``,
+uclasystem/bamboo, Dec 2021), numbers computed by ``roll_spotlight.spot.stats.trace_stats``:
+
+=================  ==========  ==================================================================
+parameter          value       derivation from the p3 trace
+=================  ==========  ==================================================================
+nodes              32          at most 32 alive (fleet target); 177 distinct nodes over the trace
+mtbp_s             518 s       span 40,920 s / 79 preemption batches = 518 s (8.6 min)
+mean_batch         2.11        167 removes / 79 batches; batch sizes 1:39, 2:13, 3:15, 4:7, 5:1,
+                               6:4 -> geometric (p = 0.47 predicts P(1) = 0.47, observed 0.49)
+replace_delay_s    1,980 s     Little's law on the slots left empty after the 25 min ramp:
+                               mean alive 23.9 of 32 -> 8.1 empty = 0.00408 losses/s x W,
+                               W = 1,980 s (the plain "next add after a batch" median is 480 s,
+                               but adds also refill older losses); keeps mean alive ~ 24
+span_s             40,920 s    the trace's span (11.37 h)
+provider           aws         2-minute interruption notice (AWS EC2 docs)
+=================  ==========  ==================================================================
+
+Check (``trace_stats`` over seeds 0-39 of the defaults): 80.4 +- 8.2 batches (p3: 79) and mean
+alive 24.1 (p3: 24.0). Single seeds vary as a Poisson count should: seed 0 gives 57 batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from roll_spotlight.spot.traces import PROVIDERS, EventList, NodeEvent, Trace
+
+logger = logging.getLogger(__name__)
+
+BATCH_DISTRIBUTIONS = ("geometric", "poisson")
+
+
+@dataclass(frozen=True)
+class SyntheticTraceConfig:
+    nodes: int = 32
+    mtbp_s: float = 518.0
+    mean_batch: float = 2.11
+    span_s: float = 40_920.0
+    provider: str = "aws"
+    seed: int = 0
+    replace_delay_s: float = 1_980.0
+    batch_dist: str = "geometric"
+    gpu_type: str = "V100"
+    zone: str = "synthetic"
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"nodes={self.nodes!r} must be >= 1")
+        for key in ("mtbp_s", "span_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key}={getattr(self, key)!r} must be > 0")
+        if not self.mean_batch >= 1:
+            raise ValueError(f"mean_batch={self.mean_batch!r} must be >= 1")
+        if not self.replace_delay_s >= 0:
+            raise ValueError(f"replace_delay_s={self.replace_delay_s!r} must be >= 0")
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"provider={self.provider!r} is not one of {list(PROVIDERS)}")
+        if self.batch_dist not in BATCH_DISTRIBUTIONS:
+            raise ValueError(f"batch_dist={self.batch_dist!r} is not one of {list(BATCH_DISTRIBUTIONS)}")
+
+
+DEFAULT_SYNTHETIC = SyntheticTraceConfig()
+
+
+def synthetic_trace(config: SyntheticTraceConfig = DEFAULT_SYNTHETIC, **overrides) -> Trace:
+    """A deterministic (by ``seed``) event trace; keyword overrides replace fields of ``config``.
+
+    ``synthetic_trace(nodes=8, mtbp_s=600, seed=1)`` is the usual call.
+    """
+    cfg = replace(config, **overrides)
+    events = _FleetSim(cfg).run()
+    return Trace(
+        name=f"synthetic/{cfg.zone}-seed{cfg.seed}", kind="events", measures="running",
+        provider=cfg.provider, zones={cfg.zone: EventList(tuple(events), 0.0, cfg.span_s)},
+        gpu_type=cfg.gpu_type,
+        notes=(f"synthetic: nodes={cfg.nodes} mtbp_s={cfg.mtbp_s} mean_batch={cfg.mean_batch} "
+               f"replace_delay_s={cfg.replace_delay_s} batch_dist={cfg.batch_dist}",),
+    )
+
+
+class _FleetSim:
+    """Poisson batches over a self-healing fleet; emits add/remove rows in time order."""
+
+    def __init__(self, cfg: SyntheticTraceConfig) -> None:
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.alive: list[str] = []
+        self.refills: list[float] = []  # heap of replacement arrival times
+        self.events: list[NodeEvent] = []
+        self.next_id = 0
+        self.batches = 0
+        self.short_batches = 0  # cut short or dropped: fewer nodes alive than drawn
+
+    def run(self) -> list[NodeEvent]:
+        for _ in range(self.cfg.nodes):
+            self._add(0.0)
+        t = 0.0
+        while True:
+            t += float(self.rng.exponential(self.cfg.mtbp_s))
+            if t >= self.cfg.span_s:
+                break
+            self._refill_until(t)
+            self._preempt(t)
+        self._refill_until(self.cfg.span_s)
+        if self.short_batches:
+            logger.warning("synthetic trace: %d of %d batches found too few nodes alive (nodes=%d, "
+                           "replace_delay_s=%s); measured MTBP / batch size will fall short of the request",
+                           self.short_batches, self.batches, self.cfg.nodes, self.cfg.replace_delay_s)
+        return self.events
+
+    def _add(self, t: float) -> None:
+        node = f"n{self.next_id}"
+        self.next_id += 1
+        self.alive.append(node)
+        self.events.append(NodeEvent(t, "add", node))
+
+    def _refill_until(self, t: float) -> None:
+        """Replacements due at or before ``t`` join; at ``t`` itself they join before the batch."""
+        while self.refills and self.refills[0] <= t:
+            self._add(heapq.heappop(self.refills))
+
+    def _batch_size(self) -> int:
+        mean = self.cfg.mean_batch
+        if self.cfg.batch_dist == "geometric":
+            return int(self.rng.geometric(1.0 / mean))
+        return 1 + int(self.rng.poisson(mean - 1.0))
+
+    def _preempt(self, t: float) -> None:
+        drawn = self._batch_size()
+        k = min(drawn, len(self.alive))
+        self.batches += 1
+        self.short_batches += k < drawn
+        if k == 0:
+            return
+        picks = sorted(self.rng.choice(len(self.alive), size=k, replace=False).tolist())
+        for i in reversed(picks):
+            self.events.append(NodeEvent(t, "remove", self.alive.pop(i)))
+            heapq.heappush(self.refills, t + self.cfg.replace_delay_s)
