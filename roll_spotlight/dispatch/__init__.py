@@ -1,0 +1,54 @@
+"""Dispatch: the pull-based, preemption-aware request queue (DESIGN.md section 4).
+
+The pure core (``queue``, ``requests``) is exported here and imports neither ray nor torch. The Ray
+shell lives in ``roll_spotlight.dispatch.actor`` (``QueueActor``, ``QueueClient``); import it from
+there, or through this package's lazy attributes, which load ray only on first use.
+"""
+from __future__ import annotations
+
+import importlib
+
+from roll_spotlight.dispatch.queue import (
+    TRANSITIONS,
+    ManualClock,
+    QueueConfig,
+    QueueSnapshot,
+    QueueStats,
+    RequestQueue,
+    RequestRecord,
+    RequestState,
+)
+from roll_spotlight.dispatch.requests import (
+    KIND_ORDER,
+    Completion,
+    FailedRequest,
+    InFlightState,
+    Lease,
+    Request,
+    RequestKind,
+    RequestResult,
+    RequestSource,
+    RequestSpec,
+    Schedule,
+)
+
+_LAZY = {
+    "QueueActor": "roll_spotlight.dispatch.actor",
+    "QueueClient": "roll_spotlight.dispatch.actor",
+    "QueueServer": "roll_spotlight.dispatch.actor",
+    "create_queue_actor": "roll_spotlight.dispatch.actor",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
+
+__all__ = [
+    "KIND_ORDER", "TRANSITIONS", "Completion", "FailedRequest", "InFlightState", "Lease",
+    "ManualClock", "QueueConfig", "QueueSnapshot", "QueueStats", "Request", "RequestKind",
+    "RequestQueue", "RequestRecord", "RequestResult", "RequestSource", "RequestSpec",
+    "RequestState", "Schedule", *_LAZY,
+]

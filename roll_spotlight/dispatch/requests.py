@@ -1,0 +1,166 @@
+"""Data types of the request queue: what a request is, what a worker holds, what comes back.
+
+Everything here is a plain frozen dataclass or enum (no ray, no torch), so the queue state can be
+pickled into a checkpoint and shipped between Ray actors as is. Latents and outputs are opaque
+objects: the queue stores and returns them but never looks inside (the runtime puts numpy arrays or
+Ray ObjectRefs there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+STEP_KINDS = frozenset({"sde", "cps", "ode"})
+
+
+class RequestKind(enum.Enum):
+    """ROLLOUT requests are on the critical path of an iteration; EXPLORE requests are not."""
+
+    ROLLOUT = "rollout"
+    EXPLORE = "explore"
+
+
+# Pull order across kinds: rollouts first, because the trainer waits for them.
+KIND_ORDER: tuple[RequestKind, ...] = (RequestKind.ROLLOUT, RequestKind.EXPLORE)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a request is denoised: ``num_steps`` steps; steps ``[window_start, window_end)`` (the
+    SDE window; ``window_end=None`` means all steps) are ``kind`` steps with noise level
+    ``noise_level``, the others plain ODE steps.
+
+    Hashable on purpose: together with weights, prompt and seed it fully determines a trajectory.
+    """
+
+    num_steps: int
+    noise_level: float
+    kind: str = "sde"
+    window_start: int = 0
+    window_end: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"Schedule.num_steps must be >= 1, got {self.num_steps}")
+        if not (math.isfinite(self.noise_level) and self.noise_level >= 0):
+            raise ValueError(f"Schedule.noise_level must be finite and >= 0, got {self.noise_level}")
+        if self.kind not in STEP_KINDS:
+            raise ValueError(f"Schedule.kind must be one of {sorted(STEP_KINDS)}, got {self.kind!r}")
+        end = self.num_steps if self.window_end is None else self.window_end
+        if not 0 <= self.window_start <= end <= self.num_steps:
+            raise ValueError(
+                f"Schedule window must satisfy 0 <= window_start <= window_end <= num_steps, got "
+                f"window_start={self.window_start}, window_end={self.window_end}, "
+                f"num_steps={self.num_steps}"
+            )
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """A request as the submitter describes it; the queue adds the id (see :class:`Request`)."""
+
+    prompt_id: int
+    prompt: str
+    seed: int
+    schedule: Schedule
+    weight_version: int
+    kind: RequestKind
+    iteration: int
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("prompt_id", "weight_version", "iteration"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"RequestSpec.{key} must be >= 0, got {getattr(self, key)}")
+        if not isinstance(self.kind, RequestKind):
+            raise ValueError(f"RequestSpec.kind must be a RequestKind, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One rollout of (prompt, seed, schedule) under one weight version. ``request_id`` is
+    assigned by the queue, unique and increasing in submission order."""
+
+    request_id: int
+    prompt_id: int
+    prompt: str
+    seed: int
+    schedule: Schedule
+    weight_version: int
+    kind: RequestKind
+    iteration: int
+    priority: int = 0
+
+    @classmethod
+    def from_spec(cls, request_id: int, spec: RequestSpec) -> Request:
+        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        return cls(request_id=request_id, **values)
+
+
+@dataclass(frozen=True)
+class InFlightState:
+    """A partly done rollout committed back to the queue: the latent *after* ``step_index``
+    denoising steps. Seeds determine trajectories (DESIGN.md section 4), so any worker holding
+    the same weight version resumes it bit-identically from here."""
+
+    request_id: int
+    step_index: int
+    latent: object = field(compare=False, repr=False)
+    seed: int
+    weight_version: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's right to run ``request`` until ``deadline`` (queue clock). ``lease_id`` is
+    unique across the queue's life; only a completion carrying the current ``lease_id`` counts.
+    ``resume`` is the last committed state to continue from, or None to start at step 0."""
+
+    lease_id: int
+    request: Request
+    worker: str
+    deadline: float
+    resume: InFlightState | None
+    attempt: int
+
+    def result(self, output: object) -> RequestResult:
+        return RequestResult(self.request.request_id, self.lease_id, output)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """What a worker reports for a finished lease; ``output`` is opaque to the queue."""
+
+    request_id: int
+    lease_id: int
+    output: object = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """An accepted result: exactly one per DONE request."""
+
+    request: Request
+    output: object = field(compare=False, repr=False)
+    worker: str
+    lease_id: int
+    completed_at: float
+
+
+@dataclass(frozen=True)
+class FailedRequest:
+    """A request given up after ``attempts`` failed leases (see ``QueueConfig.max_attempts``)."""
+
+    request: Request
+    attempts: int
+    last_error: str
+
+
+class RequestSource(Protocol):
+    """Lazy request generation: asked by ``pull`` when nothing at all is pending, so a planner
+    can decide what to explore at the last moment, as workers become free."""
+
+    def next_requests(self, worker: str, n: int) -> list[RequestSpec]: ...

@@ -1,0 +1,29 @@
+"""Weight store: versioned model weights shared through Ray's object store.
+
+``WeightVersions`` (pure bookkeeping) is exported eagerly. The torch and Ray parts
+(``state_dict_to_numpy``, ``numpy_to_state_dict``, ``NumpyStateDict``, ``WeightStore``,
+``WeightStoreActor``) load on first attribute access, so importing this package stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+from roll_spotlight.weights.versions import WeightVersions
+
+_LAZY = {
+    "NumpyStateDict": "roll_spotlight.weights.packed",
+    "state_dict_to_numpy": "roll_spotlight.weights.codec",
+    "numpy_to_state_dict": "roll_spotlight.weights.codec",
+    "WeightStoreActor": "roll_spotlight.weights.actor",
+    "WeightStoreServer": "roll_spotlight.weights.actor",
+    "WeightStore": "roll_spotlight.weights.store",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
+
+__all__ = ["WeightVersions", *_LAZY]

@@ -1,0 +1,163 @@
+"""Tier 1 property test: nothing is lost or completed twice, whatever the interleaving.
+
+Several workers pull, complete (including with leases that were revoked behind their back),
+commit, checkpoint, release, die, heartbeat and get preemption notices, while the clock moves and
+leases expire. After a final honest worker drains the queue, every request is DONE exactly once,
+and the accepted completions equal the submitted requests. Along the way, every lease that
+resumes must carry exactly the last accepted commit/checkpoint of its request.
+"""
+from __future__ import annotations
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from roll_spotlight.dispatch import (
+    InFlightState,
+    ManualClock,
+    QueueConfig,
+    RequestKind,
+    RequestQueue,
+    RequestSpec,
+    RequestState,
+    Schedule,
+)
+
+WORKERS = ("a", "b", "c")
+SCHEDULE = Schedule(num_steps=8, noise_level=0.7)
+# Pulls, completions and ticks are the common case; they create the stale leases and resumptions
+# the rarer ops then act on, so they are drawn more often.
+OP_KINDS = (
+    ["pull"] * 4 + ["complete"] * 4 + ["tick"] * 3
+    + ["submit", "replay", "commit", "checkpoint", "release", "lost", "heartbeat", "notice"]
+)
+# An op is (kind, worker, x, step); x is a count, an index, seconds, as the kind needs.
+OPS = st.tuples(
+    st.sampled_from(OP_KINDS), st.sampled_from(WORKERS), st.integers(0, 12),
+    st.integers(0, SCHEDULE.num_steps - 1),
+)
+
+
+def make_spec(seed: int) -> RequestSpec:
+    kind = RequestKind.EXPLORE if seed % 3 == 0 else RequestKind.ROLLOUT
+    return RequestSpec(seed % 4, f"p{seed % 4}", seed, SCHEDULE, 0, kind, iteration=0)
+
+
+class Harness:
+    """The workers' (possibly stale) view of their leases, and a model of the committed steps."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.queue = RequestQueue(QueueConfig(lease_s=10.0, max_attempts=10**9), self.clock)
+        self.held: dict[str, list] = {w: [] for w in (*WORKERS, "drain")}
+        self.sent: list = []
+        self.accepted: dict[int, object] = {}
+        self.rejected = 0
+        self.last_step: dict[int, int] = {}
+        self.submitted = 0
+
+    def submit(self, count: int) -> None:
+        self.queue.submit([make_spec(self.submitted + i) for i in range(count)])
+        self.submitted += count
+
+    def pull(self, name: str, n: int, **kwargs) -> None:
+        for lease in self.queue.pull(name, n, **kwargs):
+            resumed_at = None if lease.resume is None else lease.resume.step_index
+            if resumed_at is not None:
+                event("resumed")
+            assert resumed_at == self.last_step.get(lease.request.request_id)
+            self.held[name].append(lease)
+
+    def complete(self, name: str, i: int) -> None:
+        if self.held[name]:
+            lease = self.held[name].pop(i % len(self.held[name]))
+            if not self.send(lease.result((lease.request.request_id, lease.lease_id))):
+                event("stale lease completion rejected")
+
+    def send(self, result) -> bool:
+        self.sent.append(result)
+        ok = self.queue.complete(result)
+        if ok:
+            assert result.request_id not in self.accepted, "completed twice"
+            self.accepted[result.request_id] = result.output
+        else:
+            self.rejected += 1
+        return ok
+
+    def commit(self, name: str, i: int, at: int, *, keep_lease: bool) -> None:
+        if not self.held[name]:
+            return
+        lease = self.held[name][i % len(self.held[name])]
+        state = InFlightState(lease.request.request_id, at, f"latent@{at}", lease.request.seed, 0)
+        method = self.queue.checkpoint if keep_lease else self.queue.commit
+        if method(name, state):
+            self.last_step[lease.request.request_id] = at
+        else:
+            event("stale commit rejected")
+        if not keep_lease:
+            self.held[name].remove(lease)
+
+    def apply(self, op: tuple) -> None:
+        kind, name, x, at = op
+        if kind == "submit":
+            self.submit(1 + x % 3)
+        elif kind == "pull":
+            self.pull(name, 1 + x % 3)
+        elif kind == "complete":
+            self.complete(name, x)
+        elif kind == "replay":
+            if self.sent:
+                assert not self.send(self.sent[x % len(self.sent)])
+        elif kind in ("commit", "checkpoint"):
+            self.commit(name, x, at, keep_lease=kind == "checkpoint")
+        elif kind == "release":
+            self.queue.release(name)
+            self.held[name].clear()
+        elif kind == "lost":
+            # Declared lost but still running (a partition): its view goes stale, not empty.
+            self.queue.worker_lost(name)
+        elif kind == "heartbeat":
+            self.queue.heartbeat(name)
+        elif kind == "tick":
+            self.clock.advance(x)
+            self.queue.expire()
+        elif kind == "notice":
+            self.queue.notify_preemption(name, self.clock.now + 2 * x)
+        else:
+            raise AssertionError(f"unknown op {kind}")
+
+    def check_invariants(self) -> None:
+        q = self.queue
+        assert q.pending_count() + q.leased_count() + len(q.done_ids()) == self.submitted
+        leased = [lease.request.request_id for w in self.held for lease in q.leases_of(w)]
+        assert len(leased) == len(set(leased)) == q.leased_count()
+        assert all(q.state_of(rid) is RequestState.LEASED for rid in leased)
+
+    def drain(self) -> None:
+        for name in WORKERS:
+            self.queue.clear_preemption(name)
+        self.clock.advance(1000.0)
+        self.queue.expire()
+        for _ in range(self.submitted):
+            self.pull("drain", 4)
+            while self.held["drain"]:
+                self.complete("drain", 0)
+        assert self.queue.pending_count() == self.queue.leased_count() == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(initial=st.integers(1, 8), ops=st.lists(OPS, min_size=10, max_size=80))
+def test_any_interleaving_completes_every_request_exactly_once(initial, ops):
+    h = Harness()
+    h.submit(initial)
+    for op in ops:
+        h.apply(op)
+        h.check_invariants()
+    h.drain()
+
+    stats = h.queue.stats()
+    assert h.queue.done_ids() == set(range(h.submitted))
+    assert len(h.accepted) == stats.completed == stats.submitted == h.submitted
+    assert stats.duplicate_completions == h.rejected
+    for completion in h.queue.take_results():
+        rid = completion.request.request_id
+        assert completion.output == h.accepted[rid] == (rid, completion.lease_id)
