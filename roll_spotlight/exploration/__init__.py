@@ -1,0 +1,47 @@
+"""Seed exploration: max-variance seed selection, the budgeted exploration planner, rank monitoring.
+
+Pure numpy (no torch, no Ray): the runtime wraps these policies.
+"""
+from roll_spotlight.exploration.budget import CostModel, ExplorationBudget
+from roll_spotlight.exploration.planner import (
+    BanditPlanner,
+    OraclePlanner,
+    PlannerConfig,
+    PlannerSummary,
+    Pull,
+    UniformPlanner,
+    seed_stream,
+)
+from roll_spotlight.exploration.rank import RankMonitor, RankReport, kendall_tau_b, spearman_rho
+from roll_spotlight.exploration.select import (
+    SELECTORS,
+    get_selector,
+    max_variance,
+    select_best_worst_halves,
+    select_max_variance,
+    select_random,
+    select_top,
+)
+
+__all__ = [
+    "BanditPlanner",
+    "CostModel",
+    "ExplorationBudget",
+    "OraclePlanner",
+    "PlannerConfig",
+    "PlannerSummary",
+    "Pull",
+    "RankMonitor",
+    "RankReport",
+    "SELECTORS",
+    "UniformPlanner",
+    "get_selector",
+    "kendall_tau_b",
+    "max_variance",
+    "seed_stream",
+    "select_best_worst_halves",
+    "select_max_variance",
+    "select_random",
+    "select_top",
+    "spearman_rho",
+]

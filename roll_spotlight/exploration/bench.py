@@ -1,0 +1,271 @@
+"""Planner benchmark: bandit vs round robin vs oracle on synthetic prompt sets, same budget.
+
+Each bench seed draws a batch of ``n_prompts`` prompts plus an equal reserve from the synthetic mix
+(``synthetic.py``) and runs every planner through the same small event-driven simulation:
+
+- ``workers`` spot workers pull work when free; a seed takes ``per_seed_s`` x lognormal(0, 0.15)
+  seconds (the planners start from a cost estimate 25% too low and learn it online);
+- the budget is ``budget_pulls`` pulls' worth of worker time: predicted_train_s =
+  budget_pulls * seeds_per_pull * per_seed_s / workers;
+- halfway through, ``preempted_workers`` workers are preempted: their in-flight pulls are reported
+  lost and the budget is re-estimated with fewer workers;
+- a seed's reward is a pure function of (bench seed, prompt, seed), so every planner sees the same
+  reward for the same seed.
+
+Score of a run = mean over the batch slots of the population variance of the k rewards of
+``selection(k)`` (fresh top-up seeds are scored with their true rewards). Reported ratios are
+ratios of the per-method means over bench seeds ("ratio of means"); the median of per-seed ratios
+is reported next to them. ``decision_time_ms_per_pull`` is the median wall time of the bandit's
+``next_pull`` calls that returned a pull (the lazily refreshed arm values included).
+
+Methods: ``planner`` (BanditPlanner), ``uniform`` (round robin with the same abandonment and
+replacement of all-equal prompts: the fair baseline), ``uniform_no_abandon`` (plain round robin,
+for reference), ``oracle`` (true distributions; knows zero-variance prompts without exploring),
+``no_exploration`` (k fresh seeds per original prompt). ``planner_over_uniform`` is measured against
+``uniform``, the strict baseline, so it isolates the value of the allocation itself;
+``oracle_over_uniform`` shows how much room any allocation has on this prompt mix and budget.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json as jsonlib
+import logging
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from roll_spotlight.exploration.planner import (
+    BanditPlanner,
+    OraclePlanner,
+    PlannerConfig,
+    Pull,
+    UniformPlanner,
+    ExplorationPlanner,
+)
+from roll_spotlight.exploration.synthetic import RewardDist, population_variance, random_prompt_set, reward_of
+
+METHODS = ("planner", "uniform", "uniform_no_abandon", "oracle", "no_exploration")
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    n_prompts: int
+    group_size: int
+    seeds_per_pull: int
+    budget_pulls: int
+    workers: int
+    preempted_workers: int
+    per_seed_s: float = 1.0
+
+
+@dataclass
+class _Task:
+    prompts: list[int]
+    reserve: list[int]
+    dists: dict[int, RewardDist]
+    bench_seed: int
+
+    def reward(self, prompt: int, seed: int) -> float:
+        return reward_of(self.bench_seed, prompt, self.dists[prompt], seed)
+
+
+def _make_task(bench_seed: int, n_prompts: int) -> _Task:
+    dists = random_prompt_set(bench_seed, 2 * n_prompts)
+    ids = list(range(2 * n_prompts))
+    return _Task(ids[:n_prompts], ids[n_prompts:], dict(zip(ids, dists)), bench_seed)
+
+
+def _planner_config(setup: BenchSetup, bench_seed: int) -> PlannerConfig:
+    train_s = setup.budget_pulls * setup.seeds_per_pull * setup.per_seed_s / setup.workers
+    return PlannerConfig(group_size=setup.group_size, seeds_per_pull=setup.seeds_per_pull,
+                         predicted_train_s=train_s, spot_workers=setup.workers,
+                         per_seed_s=0.75 * setup.per_seed_s, base_seed=bench_seed)
+
+
+def _build(method: str, setup: BenchSetup, task: _Task) -> ExplorationPlanner:
+    cfg = _planner_config(setup, task.bench_seed)
+    if method == "planner":
+        return BanditPlanner(cfg, task.prompts, task.reserve)
+    if method == "uniform":
+        return UniformPlanner(cfg, task.prompts, task.reserve)
+    if method == "uniform_no_abandon":
+        return UniformPlanner(replace(cfg, abandon_zero_variance=False), task.prompts, task.reserve)
+    if method == "oracle":
+        return OraclePlanner(cfg, task.prompts, task.dists, task.reserve)
+    raise ValueError(f"unknown method {method!r}; known: {METHODS}")
+
+
+class _Simulation:
+    """Workers pulling from one planner until it says stop; see the module docstring."""
+
+    def __init__(self, planner: ExplorationPlanner, task: _Task, setup: BenchSetup) -> None:
+        self.planner, self.task, self.setup = planner, task, setup
+        self.rng = np.random.default_rng([task.bench_seed, 0x51])
+        self.heap: list[tuple[float, int, int, Pull, tuple[float, ...]]] = []
+        self.idle: list[int] = []
+        self.dead: set[int] = set()
+        self.decision_s: list[float] = []
+        self._seq = 0
+
+    def run(self) -> None:
+        s = self.setup
+        preempt_at = s.budget_pulls * s.seeds_per_pull * s.per_seed_s / s.workers / 2
+        for worker in range(s.workers):
+            self._dispatch(worker, 0.0)
+        preempted = s.preempted_workers == 0
+        while self.heap:
+            if not preempted and self.heap[0][0] >= preempt_at:
+                self._preempt(preempt_at)
+                preempted = True
+                continue
+            finish, _, worker, pull, durations = heapq.heappop(self.heap)
+            for seed, duration in zip(pull.seeds, durations):
+                self.planner.observe(pull.prompt_id, seed, self.task.reward(pull.prompt_id, seed), duration)
+            waiting, self.idle = self.idle + [worker], []
+            for w in waiting:
+                self._dispatch(w, finish)
+
+    def _dispatch(self, worker: int, now_s: float) -> None:
+        t0 = time.perf_counter()
+        pull = self.planner.next_pull(now_s)
+        elapsed = time.perf_counter() - t0
+        if pull is None:
+            self.idle.append(worker)
+            return
+        self.decision_s.append(elapsed)
+        durations = tuple(self.setup.per_seed_s * self.rng.lognormal(0.0, 0.15, len(pull.seeds)))
+        self._seq += 1
+        heapq.heappush(self.heap, (now_s + sum(durations), self._seq, worker, pull, durations))
+
+    def _preempt(self, now_s: float) -> None:
+        victims = set(range(self.setup.preempted_workers))
+        for entry in [e for e in self.heap if e[2] in victims]:
+            self.planner.lost(entry[3])
+        self.heap = [e for e in self.heap if e[2] not in victims]
+        heapq.heapify(self.heap)
+        self.idle = [w for w in self.idle if w not in victims]
+        self.planner.update_budget(workers=self.setup.workers - len(victims), now_s=now_s)
+        waiting, self.idle = self.idle, []
+        for w in waiting:
+            self._dispatch(w, now_s)
+
+
+def _score(selection: dict, task: _Task) -> float:
+    return float(np.mean([population_variance([task.reward(p, s) for s in seeds]) for p, seeds in selection.items()]))
+
+
+def _no_exploration_score(task: _Task, k: int) -> float:
+    sel = {p: list(range(10_000, 10_000 + k)) for p in task.prompts}
+    return _score(sel, task)
+
+
+def _run_method(method: str, setup: BenchSetup, task: _Task) -> tuple[float, list[float], dict]:
+    if method == "no_exploration":
+        return _no_exploration_score(task, setup.group_size), [], {}
+    planner = _build(method, setup, task)
+    sim = _Simulation(planner, task, setup)
+    sim.run()
+    summary = planner.summary()
+    info = {"explored_seeds": summary.explored_seeds, "abandoned": len(summary.abandoned),
+            "spent_s": summary.spent_s, "pulls": summary.pulls}
+    return _score(planner.selection(setup.group_size), task), sim.decision_s, info
+
+
+def _spread(values: Sequence[float]) -> dict:
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
+            "median": float(np.median(arr)), "min": float(arr.min()), "max": float(arr.max())}
+
+
+def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8, budget_pulls: int | None = None,
+                      seeds_per_pull: int = 4, workers: int = 8, preempted_workers: int = 2,
+                      methods: Sequence[str] = METHODS) -> dict:
+    """Run every method on ``seeds`` synthetic prompt sets; returns a JSON-serialisable dict.
+
+    ``budget_pulls`` defaults to the round robin giving every prompt 3 * group_size seeds.
+    """
+    if budget_pulls is None:
+        budget_pulls = 3 * n_prompts * group_size // seeds_per_pull
+    setup = BenchSetup(n_prompts, group_size, seeds_per_pull, budget_pulls, workers, preempted_workers)
+    scores: dict[str, list[float]] = {m: [] for m in methods}
+    infos: dict[str, list[dict]] = {m: [] for m in methods}
+    decision_ms: list[float] = []
+    for bench_seed in range(seeds):
+        task = _make_task(bench_seed, n_prompts)
+        for method in methods:
+            score, decision_s, info = _run_method(method, setup, task)
+            scores[method].append(score)
+            infos[method].append(info)
+            if method == "planner":
+                decision_ms.extend(1e3 * d for d in decision_s)
+    return _report(setup, seeds, scores, infos, decision_ms)
+
+
+def _ratio(scores: dict, a: str, b: str) -> tuple[float | None, float | None]:
+    if a not in scores or b not in scores:
+        return None, None
+    of_means = statistics.fmean(scores[a]) / statistics.fmean(scores[b])
+    per_seed = statistics.median(x / y for x, y in zip(scores[a], scores[b]))
+    return of_means, per_seed
+
+
+def _report(setup: BenchSetup, seeds: int, scores: dict, infos: dict, decision_ms: list[float]) -> dict:
+    over_uniform, over_uniform_med = _ratio(scores, "planner", "uniform")
+    over_oracle, over_oracle_med = _ratio(scores, "planner", "oracle")
+    over_plain, _ = _ratio(scores, "planner", "uniform_no_abandon")
+    oracle_over_uniform, _ = _ratio(scores, "oracle", "uniform")
+    methods = {m: {"selected_variance": _spread(v), "per_seed": v,
+                   **({"explored_seeds_mean": statistics.fmean(i["explored_seeds"] for i in infos[m]),
+                       "abandoned_mean": statistics.fmean(i["abandoned"] for i in infos[m])} if infos[m][0] else {})}
+               for m, v in scores.items()}
+    return {
+        "setup": {**setup.__dict__, "seeds": seeds},
+        "ratio_statistic": "ratio of per-method means over bench seeds; *_median: median of per-seed ratios",
+        "planner_over_uniform": over_uniform,
+        "planner_over_uniform_median": over_uniform_med,
+        "planner_over_uniform_no_abandon": over_plain,
+        "planner_over_oracle": over_oracle,
+        "planner_over_oracle_median": over_oracle_med,
+        "oracle_over_uniform": oracle_over_uniform,
+        "decision_time_ms_per_pull": float(np.median(decision_ms)) if decision_ms else None,
+        "decision_time_ms_p90": float(np.percentile(decision_ms, 90)) if decision_ms else None,
+        "methods": methods,
+    }
+
+
+def _format(result: dict) -> str:
+    lines = [f"{m:>20s}: selected variance {r['selected_variance']['mean']:.4f} "
+             f"+- {r['selected_variance']['std']:.4f}" for m, r in result["methods"].items()]
+    for key in ("planner_over_uniform", "planner_over_uniform_no_abandon", "planner_over_oracle",
+                "oracle_over_uniform", "decision_time_ms_per_pull"):
+        value = result[key]
+        lines.append(f"{key}: {value:.3f}" if value is not None else f"{key}: n/a")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``spotlight bench planner [--json] [--seeds N] ...``: run the benchmark and print it."""
+    parser = argparse.ArgumentParser(prog="spotlight bench planner", description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--n-prompts", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--seeds-per-pull", type=int, default=4)
+    parser.add_argument("--budget-pulls", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--preempted-workers", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    args = parser.parse_args(argv)
+    result = run_planner_bench(seeds=args.seeds, n_prompts=args.n_prompts, group_size=args.group_size,
+                               budget_pulls=args.budget_pulls, seeds_per_pull=args.seeds_per_pull,
+                               workers=args.workers, preempted_workers=args.preempted_workers)
+    print(jsonlib.dumps(result, indent=2) if args.json else _format(result))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    raise SystemExit(main())

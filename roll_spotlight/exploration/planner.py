@@ -1,0 +1,557 @@
+"""Budgeted exploration planners: which prompt of the next batch gets its next m explored seeds.
+
+While iteration t trains, spot workers explore seeds for the prompts of iteration t+1. Each prompt is
+an arm; a pull explores ``seeds_per_pull`` more seeds of one prompt; the goal is the mean over
+prompts of the variance of the k seeds ``select_max_variance`` will pick (k = ``group_size``). The
+planner is a pure policy object: ``next_pull(now_s)`` is its one decision; the callbacks
+``observe``, ``lost`` and ``update_budget`` feed it facts; ``selection(k)`` reads the outcome.
+
+Requests are generated lazily, one per free worker, so only pulled work is ever in flight, and a
+preempted pull's seeds return through ``lost`` and are re-issued (to any worker) before any new pull:
+preemptions never strand planned work.
+
+Seed lifecycle, per prompt (one seed stream per prompt, a pure function of ``base_seed``, the prompt
+id and a counter; a seed is never issued twice)::
+
+    UNISSUED --next_pull--> IN_FLIGHT --observe--> EXPLORED
+                              |    ^
+                          lost|    |next_pull (re-issue first)
+                              v    |
+                            REQUEUED --observe (late result)--> EXPLORED
+
+Arm lifecycle: ACTIVE --(min_seeds_before_abandon explored, all rewards within
+``abandon_tolerance``)--> ABANDONED. An abandoned arm is never pulled again (its requeued seeds are
+dropped; late results are still recorded); with ``replace_abandoned`` its batch slot goes to the next
+prompt of the reserve, which starts ACTIVE.
+
+Planners (same bookkeeping, different ``_score``, the index of an arm; the highest wins, ties to the
+lowest batch slot):
+- ``BanditPlanner``: expected gain rate of the selected variance from a Dirichlet-process posterior
+  predictive (see ``value.py``), unexplored arms first.
+- ``UniformPlanner``: round robin (fewest explored + planned seeds first), the baseline.
+- ``OraclePlanner``: the same gain rate computed from each prompt's true reward distribution, and
+  zero-variance prompts known (and replaced) without spending a seed; an upper reference.
+
+Performance: an arm's index is cached and recomputed only when that arm changed (a pull issued, a
+result observed, a seed lost), so a decision costs one or two arm evaluations plus an argmax.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union
+
+import numpy as np
+
+from roll_spotlight.exploration.budget import CostModel, ExplorationBudget
+from roll_spotlight.exploration.select import select_max_variance
+from roll_spotlight.exploration.value import (
+    draws_needed,
+    horizon_pulls,
+    lookahead_gain_rate,
+    posterior_predictive_draws,
+)
+
+logger = logging.getLogger(__name__)
+
+PromptId = Union[int, str]
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class PlannerConfig:
+    """Exploration planner settings (one per training run).
+
+    ``predicted_train_s`` and ``spot_workers`` are the initial budget; ``update_budget`` revises it.
+    ``per_seed_s`` is the initial cost estimate, refined online by an EWMA with weight ``cost_ewma``.
+    ``mc_draws`` / ``prior_strength`` / ``max_lookahead_pulls`` tune the bandit's value estimate.
+    """
+
+    group_size: int = 8
+    seeds_per_pull: int = 4
+    min_seeds_before_abandon: int = 4
+    abandon_zero_variance: bool = True
+    abandon_tolerance: float = 0.0
+    replace_abandoned: bool = True
+    predicted_train_s: float = 0.0
+    spot_workers: int = 0
+    per_seed_s: float = 1.0
+    cost_ewma: float = 0.2
+    mc_draws: int = 32
+    prior_strength: float = 1.0
+    max_lookahead_pulls: int = 4
+    base_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require_int(self, "group_size", 2)
+        _require_int(self, "seeds_per_pull", 1)
+        _require_int(self, "min_seeds_before_abandon", 2)
+        _require_int(self, "spot_workers", 0)
+        _require_int(self, "mc_draws", 1)
+        _require_int(self, "max_lookahead_pulls", 1)
+        _require_int(self, "base_seed", 0)
+        _require_number(self, "abandon_tolerance", 0.0, inclusive=True)
+        _require_number(self, "predicted_train_s", 0.0, inclusive=True)
+        _require_number(self, "per_seed_s", 0.0, inclusive=False)
+        _require_number(self, "prior_strength", 0.0, inclusive=False)
+        _require_number(self, "cost_ewma", 0.0, inclusive=False)
+        if self.cost_ewma > 1:
+            raise ValueError(f"PlannerConfig.cost_ewma must be in (0, 1], got {self.cost_ewma!r}")
+        for key in ("abandon_zero_variance", "replace_abandoned"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"PlannerConfig.{key} must be a bool, got {getattr(self, key)!r}")
+
+
+def _require_int(cfg: PlannerConfig, key: str, minimum: int) -> None:
+    value = getattr(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"PlannerConfig.{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_number(cfg: PlannerConfig, key: str, minimum: float, inclusive: bool) -> None:
+    value = getattr(cfg, key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        op = ">=" if inclusive else ">"
+        raise ValueError(f"PlannerConfig.{key} must be a finite number {op} {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Explore ``seeds`` of ``prompt_id`` (with the stale weights)."""
+
+    prompt_id: PromptId
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PlannerSummary:
+    pulls: int
+    explored_seeds: int
+    in_flight_seeds: int
+    abandoned: tuple[PromptId, ...]
+    replaced: dict
+    spent_s: float
+    in_flight_s: float
+    remaining_s: float
+    per_seed_s: float
+
+
+def prompt_key(prompt_id: PromptId) -> int:
+    """A stable 64-bit key for a prompt id (Python's ``hash`` of a str changes between processes)."""
+    if isinstance(prompt_id, bool) or not isinstance(prompt_id, (int, str)):
+        raise ValueError(f"prompt ids must be int or str, got {prompt_id!r} ({type(prompt_id).__name__})")
+    data = repr(prompt_id).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def seed_stream(base_seed: int, prompt_id: PromptId) -> Iterator[int]:
+    """The prompt's seeds in issue order: 63-bit ints, a pure function of (base_seed, prompt_id)."""
+    root = _splitmix64(prompt_key(prompt_id) ^ _splitmix64(base_seed))
+    i = 0
+    while True:
+        yield _splitmix64((root + i) & _MASK64) >> 1
+        i += 1
+
+
+@dataclass
+class _Arm:
+    """Per-prompt state. ``seeds``/``rewards`` are explored results in observation order."""
+
+    prompt_id: PromptId
+    stream: Iterator[int]
+    seeds: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    sorted_rewards: list[float] = field(default_factory=list)
+    in_flight: dict[int, float] = field(default_factory=dict)  # seed -> predicted cost
+    requeued: list[int] = field(default_factory=list)
+    issued: set[int] = field(default_factory=set)
+    explored_set: set[int] = field(default_factory=set)
+    abandoned: bool = False
+
+    @property
+    def planned(self) -> int:
+        return len(self.in_flight) + len(self.requeued)
+
+    def take_new_seeds(self, n: int) -> tuple[int, ...]:
+        out = []
+        while len(out) < n:
+            seed = next(self.stream)
+            if seed not in self.issued:
+                self.issued.add(seed)
+                out.append(seed)
+        return tuple(out)
+
+    def record(self, seed: int, reward: float) -> None:
+        self.seeds.append(seed)
+        self.explored_set.add(seed)
+        self.rewards.append(reward)
+        bisect.insort(self.sorted_rewards, reward)
+
+
+class ExplorationPlanner:
+    """Bookkeeping shared by all planners; subclasses define ``_score(slot, arm)``."""
+
+    def __init__(self, config: PlannerConfig, prompt_ids: Sequence[PromptId],
+                 reserve: Sequence[PromptId] = (), start_s: float = 0.0) -> None:
+        self.config = config
+        _check_prompt_ids(prompt_ids, reserve)
+        self._arms: dict[PromptId, _Arm] = {}
+        self._slots: list[PromptId] = [self._new_arm(p).prompt_id for p in prompt_ids]
+        self._slot_of: dict[PromptId, int] = {pid: i for i, pid in enumerate(self._slots)}
+        self._reserve = deque(reserve)
+        self._replaced: dict[PromptId, PromptId] = {}
+        self._requeue_order: deque[PromptId] = deque()
+        self._scores = np.zeros(len(self._slots))
+        self._dirty = set(range(len(self._slots)))
+        self._cost = CostModel(config.per_seed_s, config.cost_ewma)
+        self._budget = ExplorationBudget(config.predicted_train_s, config.spot_workers, start_s)
+        self._spent_s = 0.0
+        self._in_flight_s = 0.0
+        self._pulls = 0
+
+    # ---- the decision ---------------------------------------------------------------------------
+
+    def next_pull(self, now_s: float) -> Pull | None:
+        """The next pull for a free worker, or None when the budget cannot pay for one (stop)."""
+        self._budget.advance(now_s)
+        pull = self._requeued_pull() or self._fresh_pull()
+        if pull is None:
+            return None
+        self._issue(pull)
+        return pull
+
+    def _requeued_pull(self) -> Pull | None:
+        while self._requeue_order:
+            arm = self._arms[self._requeue_order[0]]
+            if arm.abandoned or not arm.requeued:
+                self._requeue_order.popleft()
+                continue
+            seeds = tuple(arm.requeued[: self.config.seeds_per_pull])
+            if not self._affordable(len(seeds)):
+                return None
+            del arm.requeued[: len(seeds)]
+            if not arm.requeued:
+                self._requeue_order.popleft()
+            return Pull(arm.prompt_id, seeds)
+        return None
+
+    def _fresh_pull(self) -> Pull | None:
+        m = self.config.seeds_per_pull
+        if self._requeue_order or not self._affordable(m):
+            return None
+        slot = self._best_slot()
+        if slot is None:
+            return None
+        arm = self._arms[self._slots[slot]]
+        return Pull(arm.prompt_id, arm.take_new_seeds(m))
+
+    def _best_slot(self) -> int | None:
+        for slot in sorted(self._dirty):
+            arm = self._arms[self._slots[slot]]
+            self._scores[slot] = -math.inf if arm.abandoned else self._score(slot, arm)
+        self._dirty.clear()
+        slot = int(np.argmax(self._scores))
+        return None if self._scores[slot] == -math.inf else slot
+
+    def _affordable(self, n_seeds: int) -> bool:
+        return self._cost.predict(n_seeds) <= self.remaining_budget_s() + 1e-9
+
+    def _issue(self, pull: Pull) -> None:
+        arm = self._arms[pull.prompt_id]
+        per_seed = self._cost.predict(1)
+        for seed in pull.seeds:
+            arm.in_flight[seed] = per_seed
+        self._in_flight_s += per_seed * len(pull.seeds)
+        self._pulls += 1
+        self._mark_dirty(arm)
+
+    def _score(self, slot: int, arm: _Arm) -> float:
+        raise NotImplementedError
+
+    # ---- callbacks ------------------------------------------------------------------------------
+
+    def observe(self, prompt_id: PromptId, seed: int, reward: float, duration_s: float) -> None:
+        """Record one explored seed's reward (stale weights) and its wall time. Idempotent per seed."""
+        arm = self._arm(prompt_id)
+        if not math.isfinite(reward):
+            raise ValueError(f"reward must be finite, got {reward!r} for prompt {prompt_id!r} seed {seed}")
+        if seed in arm.explored_set:
+            logger.debug("duplicate result for prompt %r seed %d ignored", prompt_id, seed)
+            return
+        if seed not in arm.issued:
+            raise ValueError(f"seed {seed} was never issued for prompt {prompt_id!r}")
+        if seed in arm.in_flight:
+            self._in_flight_s -= arm.in_flight.pop(seed)
+        elif seed in arm.requeued:
+            arm.requeued.remove(seed)  # a late result of a pull reported lost
+        arm.record(seed, float(reward))
+        self._cost.observe(duration_s)
+        self._spent_s += duration_s
+        self._on_observed(arm, float(reward))
+        self._maybe_abandon(arm)
+        self._mark_dirty(arm)
+
+    def _on_observed(self, arm: _Arm, reward: float) -> None:
+        """Hook for planners that learn from every reward (the bandit's pooled prior)."""
+
+    def lost(self, pull: Pull) -> None:
+        """A preempted pull: its unobserved seeds are re-issued before any new pull."""
+        arm = self._arm(pull.prompt_id)
+        returned = [s for s in pull.seeds if s in arm.in_flight]
+        for seed in returned:
+            self._in_flight_s -= arm.in_flight.pop(seed)
+        if returned and not arm.abandoned:
+            arm.requeued.extend(returned)
+            if pull.prompt_id not in self._requeue_order:
+                self._requeue_order.append(pull.prompt_id)
+        self._mark_dirty(arm)
+
+    def update_budget(self, predicted_train_s: float | None = None, workers: int | None = None,
+                      elapsed_s: float | None = None, now_s: float | None = None) -> None:
+        """Re-estimate the budget: remaining = (predicted_train_s - elapsed_s) * workers (see budget.py)."""
+        self._budget.update(predicted_train_s, workers, elapsed_s, now_s)
+
+    # ---- abandonment ----------------------------------------------------------------------------
+
+    def _maybe_abandon(self, arm: _Arm) -> None:
+        cfg = self.config
+        if arm.abandoned or not cfg.abandon_zero_variance or len(arm.rewards) < cfg.min_seeds_before_abandon:
+            return
+        if arm.sorted_rewards[-1] - arm.sorted_rewards[0] <= cfg.abandon_tolerance:
+            self._abandon(arm, f"{len(arm.rewards)} explored rewards all equal to {arm.rewards[0]:.4g}")
+
+    def _abandon(self, arm: _Arm, why: str) -> None:
+        arm.abandoned = True
+        arm.requeued.clear()
+        self._mark_dirty(arm)
+        if not self.config.replace_abandoned or arm.prompt_id not in self._slot_of:
+            logger.info("exploration: abandoned prompt %r (%s)", arm.prompt_id, why)
+            return
+        if not self._reserve:
+            logger.info("exploration: abandoned prompt %r (%s); reserve empty, kept in batch", arm.prompt_id, why)
+            return
+        slot = self._slot_of.pop(arm.prompt_id)
+        new_arm = self._new_arm(self._reserve.popleft())
+        self._slots[slot] = new_arm.prompt_id
+        self._slot_of[new_arm.prompt_id] = slot
+        self._replaced[arm.prompt_id] = new_arm.prompt_id
+        self._dirty.add(slot)
+        logger.info("exploration: abandoned prompt %r (%s); replaced by %r", arm.prompt_id, why, new_arm.prompt_id)
+        self._on_new_arm(new_arm)
+
+    def _on_new_arm(self, arm: _Arm) -> None:
+        """Hook: a reserve prompt entered the batch."""
+
+    # ---- outcome --------------------------------------------------------------------------------
+
+    def selection(self, k: int | None = None) -> dict[PromptId, list[int]]:
+        """Seeds to train on per prompt of the batch (batch-slot order).
+
+        Prompts with >= k explored seeds get their max-variance k. Prompts with fewer get all their
+        explored seeds plus the next unissued seeds of their stream ("fresh": the rollout will be the
+        first look at them). In-flight results are not waited for. Abandoned prompts that were not
+        replaced stay in the batch. Pure: calling it twice gives the same answer.
+        """
+        k = self.config.group_size if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        return {pid: self._select(self._arms[pid], k) for pid in self._slots}
+
+    def _select(self, arm: _Arm, k: int) -> list[int]:
+        if len(arm.rewards) >= k:
+            return [arm.seeds[i] for i in select_max_variance(arm.rewards, k)]
+        return arm.seeds + self._peek_fresh(arm, k - len(arm.rewards))
+
+    def _peek_fresh(self, arm: _Arm, n: int) -> list[int]:
+        used = set(arm.issued)
+        out = []
+        for seed in seed_stream(self.config.base_seed, arm.prompt_id):
+            if len(out) == n:
+                break
+            if seed not in used:
+                used.add(seed)
+                out.append(seed)
+        return out
+
+    # ---- views ----------------------------------------------------------------------------------
+
+    @property
+    def batch(self) -> list[PromptId]:
+        """The prompts of the next batch, by slot (replacements in place of abandoned prompts)."""
+        return list(self._slots)
+
+    def explored(self, prompt_id: PromptId) -> list[tuple[int, float]]:
+        arm = self._arm(prompt_id)
+        return list(zip(arm.seeds, arm.rewards))
+
+    def is_abandoned(self, prompt_id: PromptId) -> bool:
+        return self._arm(prompt_id).abandoned
+
+    def remaining_budget_s(self) -> float:
+        return self._budget.remaining_s(self._spent_s, self._in_flight_s)
+
+    def summary(self) -> PlannerSummary:
+        arms = self._arms.values()
+        return PlannerSummary(
+            pulls=self._pulls,
+            explored_seeds=sum(len(a.rewards) for a in arms),
+            in_flight_seeds=sum(len(a.in_flight) for a in arms),
+            abandoned=tuple(a.prompt_id for a in arms if a.abandoned),
+            replaced=dict(self._replaced),
+            spent_s=self._spent_s,
+            in_flight_s=self._in_flight_s,
+            remaining_s=self.remaining_budget_s(),
+            per_seed_s=self._cost.per_seed_s,
+        )
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _new_arm(self, prompt_id: PromptId) -> _Arm:
+        arm = _Arm(prompt_id, seed_stream(self.config.base_seed, prompt_id))
+        self._arms[prompt_id] = arm
+        return arm
+
+    def _arm(self, prompt_id: PromptId) -> _Arm:
+        try:
+            return self._arms[prompt_id]
+        except KeyError:
+            raise ValueError(f"unknown prompt {prompt_id!r}") from None
+
+    def _mark_dirty(self, arm: _Arm) -> None:
+        slot = self._slot_of.get(arm.prompt_id)
+        if slot is not None:
+            self._dirty.add(slot)
+
+
+def _check_prompt_ids(prompt_ids: Sequence[PromptId], reserve: Sequence[PromptId]) -> None:
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids must not be empty")
+    everything = list(prompt_ids) + list(reserve)
+    for pid in everything:
+        prompt_key(pid)
+    if len(set(everything)) != len(everything):
+        raise ValueError("prompt ids (batch and reserve together) must be unique")
+
+
+class BanditPlanner(ExplorationPlanner):
+    """Greedy budgeted bandit: pull the arm with the highest expected gain in selected variance per
+    second of exploration (module ``value``). Unexplored arms come first (index +inf): one pull per
+    prompt is what reveals zero-variance prompts, which abandonment then replaces.
+
+    The Monte Carlo uniforms are drawn once from ``base_seed`` and shared by all evaluations (common
+    random numbers): decisions are deterministic, and arms are compared on the same noise.
+    """
+
+    def __init__(self, config: PlannerConfig, prompt_ids: Sequence[PromptId],
+                 reserve: Sequence[PromptId] = (), start_s: float = 0.0) -> None:
+        super().__init__(config, prompt_ids, reserve, start_s)
+        self._pool = np.empty(256)
+        self._pool_size = 0
+        self._uniforms = np.empty((2, 0, config.mc_draws))
+
+    def _on_observed(self, arm: _Arm, reward: float) -> None:
+        if self._pool_size == self._pool.shape[0]:
+            self._pool = np.concatenate([self._pool, np.empty_like(self._pool)])
+        self._pool[self._pool_size] = reward
+        self._pool_size += 1
+
+    def _score(self, slot: int, arm: _Arm) -> float:
+        cfg = self.config
+        s, planned = len(arm.rewards), arm.planned
+        if s + planned == 0:
+            return math.inf
+        if s == 0 and self._pool_size == 0:
+            return 0.0
+        k, m = cfg.group_size, cfg.seeds_per_pull
+        horizons = horizon_pulls(s, planned, k, m, cfg.max_lookahead_pulls)
+        u_mix, u_pick = self._columns(draws_needed(s, planned, k, m, horizons))
+        explored = np.asarray(arm.sorted_rewards)
+        draws = posterior_predictive_draws(explored, self._pool[: self._pool_size], cfg.prior_strength, u_mix, u_pick)
+        rate = lookahead_gain_rate(explored, draws, k, planned, m, horizons)
+        return rate / self._cost.predict(1)
+
+    def _columns(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(D, width) uniforms; regenerated column-major so existing columns never change."""
+        if self._uniforms.shape[1] < width:
+            rng = np.random.default_rng([self.config.base_seed, 0x5EED])
+            grown = max(width, 2 * self._uniforms.shape[1], 16)
+            self._uniforms = rng.random((2, grown, self.config.mc_draws))
+        return self._uniforms[0, :width].T, self._uniforms[1, :width].T
+
+
+class UniformPlanner(ExplorationPlanner):
+    """Round robin with the same budget: the arm with the fewest explored + planned seeds, lowest
+    slot first. Abandonment and replacement follow the same config as the bandit's."""
+
+    def _score(self, slot: int, arm: _Arm) -> float:
+        return -float(len(arm.rewards) + arm.planned)
+
+
+class RewardDistribution(Protocol):
+    """What the oracle knows about a prompt: its true reward distribution."""
+
+    @property
+    def variance(self) -> float: ...
+
+    def sample(self, rng: np.random.Generator, size: tuple[int, ...]) -> np.ndarray: ...
+
+
+class OraclePlanner(ExplorationPlanner):
+    """Knows every prompt's true reward distribution (a benchmark reference, not deployable).
+
+    Index = the exact look-ahead gain rate (as the bandit's) with draws from the true distribution
+    (``oracle_draws`` Monte Carlo rows, fresh per evaluation). Prompts with zero true variance are
+    abandoned at no cost before anything is explored (and replaced when configured); the oracle
+    never spends seeds to find out.
+    """
+
+    def __init__(self, config: PlannerConfig, prompt_ids: Sequence[PromptId],
+                 distributions: Mapping[PromptId, RewardDistribution], reserve: Sequence[PromptId] = (),
+                 start_s: float = 0.0, oracle_draws: int = 1024) -> None:
+        missing = [p for p in list(prompt_ids) + list(reserve) if p not in distributions]
+        if missing:
+            raise ValueError(f"distributions missing for prompts {missing[:5]}")
+        super().__init__(config, prompt_ids, reserve, start_s)
+        self._dists = distributions
+        self._oracle_draws = oracle_draws
+        self._rng = np.random.default_rng([config.base_seed, 0x0AC1E])
+        for pid in list(self._slots):
+            self._abandon_if_constant(self._arms[pid])
+
+    def _on_new_arm(self, arm: _Arm) -> None:
+        self._abandon_if_constant(arm)
+
+    def _abandon_if_constant(self, arm: _Arm) -> None:
+        if self.config.abandon_zero_variance and self._dists[arm.prompt_id].variance <= 0:
+            self._abandon(arm, "true variance 0 (oracle)")
+
+    def _score(self, slot: int, arm: _Arm) -> float:
+        cfg = self.config
+        k, m = cfg.group_size, cfg.seeds_per_pull
+        s, planned = len(arm.rewards), arm.planned
+        horizons = horizon_pulls(s, planned, k, m, cfg.max_lookahead_pulls)
+        width = draws_needed(s, planned, k, m, horizons)
+        draws = np.asarray(self._dists[arm.prompt_id].sample(self._rng, (self._oracle_draws, width)), dtype=float)
+        rate = lookahead_gain_rate(np.asarray(arm.sorted_rewards), draws, k, planned, m, horizons)
+        return rate / self._cost.predict(1)
+
+
+def iter_seeds(pulls: Iterable[Pull]) -> Iterator[tuple[PromptId, int]]:
+    """(prompt, seed) pairs of a sequence of pulls (test and bench helper)."""
+    for pull in pulls:
+        for seed in pull.seeds:
+            yield pull.prompt_id, seed

@@ -1,0 +1,85 @@
+"""Value of exploring more seeds of one prompt: Monte Carlo look-ahead on the selected-k variance.
+
+The quantity the planner maximises for a prompt is V = the variance of the k seeds that
+``select_max_variance`` will pick from its explored rewards (topped up with fresh, unexplored seeds
+when fewer than k are explored, since the training group always has k members). A pull adds m
+rewards drawn from the prompt's reward distribution. Given D Monte Carlo rows of hypothetical future
+rewards ``draws`` (shape (D, width), one row = one possible future, columns in the order they would be
+observed), the expected V after c more seeds is the row mean of V(explored + first c columns).
+
+Why a look-ahead over several pulls: V is flat while fewer than k seeds are explored (the group is
+"all explored + fresh random seeds", whose expected variance does not change), then rises once the
+selector has more than k to choose from. A one-pull gain would call the first pulls worthless, so the
+index is the best gain *rate* over horizons of h = 1..H pulls:
+
+    index = max_h (E[V(planned + h*m)] - E[V(planned)]) / (h * m)
+
+(a standard fix for non-concave returns in greedy budgeted allocation). ``planned`` counts seeds
+already issued but not yet observed: they are "hallucinated" as draws too, so two workers exploring
+the same prompt at once are not both credited with the first, most valuable, pull.
+
+Using the same rows for every horizon (common random numbers) makes the differences far less noisy
+than the values; the pools are nested, so every row's gain is >= 0 exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from roll_spotlight.exploration.select import extreme_subset_variances
+
+
+def horizon_pulls(explored: int, planned: int, k: int, m: int, cap: int) -> int:
+    """Pulls to look ahead: enough to reach k + m seeds (one pull past the flat part), at most ``cap``."""
+    need = math.ceil((k + m - explored - planned) / m)
+    return max(1, min(cap, need))
+
+
+def draws_needed(explored: int, planned: int, k: int, m: int, horizons: int) -> int:
+    """Columns of ``draws`` the look-ahead reads."""
+    return max(planned + horizons * m, k - explored)
+
+
+def expected_selected_variance(explored_sorted: np.ndarray, draws: np.ndarray, k: int) -> float:
+    """Mean over rows of the max-variance k-subset variance of explored + that row's draws."""
+    rows = draws.shape[0]
+    pool = np.concatenate([np.broadcast_to(explored_sorted, (rows, explored_sorted.shape[0])), draws], axis=1)
+    assert pool.shape[1] >= k, (pool.shape, k)
+    pool.sort(axis=1)
+    return float(extreme_subset_variances(pool, k).max(axis=1).mean())
+
+
+def lookahead_gain_rate(explored_sorted: np.ndarray, draws: np.ndarray, k: int, planned: int,
+                        m: int, horizons: int) -> float:
+    """Best expected gain in selected variance per explored seed over 1..``horizons`` pulls."""
+    s = explored_sorted.shape[0]
+    assert draws.shape[1] >= draws_needed(s, planned, k, m, horizons), (draws.shape, s, planned, horizons)
+    base = expected_selected_variance(explored_sorted, draws[:, : max(planned, k - s)], k)
+    best = 0.0
+    for h in range(1, horizons + 1):
+        width = max(planned + h * m, k - s)
+        gain = expected_selected_variance(explored_sorted, draws[:, :width], k) - base
+        best = max(best, gain / (h * m))
+    return best
+
+
+def posterior_predictive_draws(explored: np.ndarray, pool: np.ndarray, prior_strength: float,
+                               u_mix: np.ndarray, u_pick: np.ndarray) -> np.ndarray:
+    """Draws from a Dirichlet-process posterior predictive, given uniforms ``u_mix``, ``u_pick``.
+
+    A new reward is a resample of one of the prompt's s explored rewards with probability
+    s / (s + alpha), else a draw from the base measure: the pooled rewards of the whole batch (an
+    empirical-Bayes prior: all prompts share the reward model). This is the planner's optimism:
+    a prompt with few samples keeps a real chance of producing values it has not shown yet, and
+    that chance fades as 1/s. Requires a non-empty ``pool`` when ``explored`` is empty.
+    """
+    s = explored.shape[0]
+    pool_pick = pool[np.minimum((u_pick * pool.shape[0]).astype(np.int64), pool.shape[0] - 1)] if pool.size else None
+    if s == 0:
+        assert pool_pick is not None, "posterior predictive needs explored rewards or a pool"
+        return pool_pick
+    own = explored[np.minimum((u_pick * s).astype(np.int64), s - 1)]
+    if pool_pick is None:
+        return own
+    return np.where(u_mix < prior_strength / (s + prior_strength), pool_pick, own)

@@ -1,0 +1,53 @@
+import json
+
+import numpy as np
+import pytest
+
+from roll_spotlight.exploration.bench import METHODS, main, run_planner_bench
+from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, Constant, random_prompt_set, reward_of
+
+
+def test_small_bench_returns_the_keys():
+    result = run_planner_bench(seeds=2, n_prompts=8, group_size=4, budget_pulls=24, workers=3, preempted_workers=1)
+    for key in ("planner_over_uniform", "planner_over_oracle", "planner_over_uniform_no_abandon",
+                "decision_time_ms_per_pull", "methods", "setup", "ratio_statistic"):
+        assert key in result
+    assert set(result["methods"]) == set(METHODS)
+    for method in METHODS:
+        spread = result["methods"][method]["selected_variance"]
+        assert 0.0 <= spread["min"] <= spread["mean"] <= spread["max"] <= 0.25
+        assert len(result["methods"][method]["per_seed"]) == 2
+    assert result["planner_over_uniform"] > 0 and result["planner_over_oracle"] > 0
+    assert result["decision_time_ms_per_pull"] > 0
+    budget_seeds = 24 * 4
+    for method in ("planner", "uniform", "oracle"):
+        assert 0 < result["methods"][method]["explored_seeds_mean"] <= budget_seeds
+    json.dumps(result)  # JSON-serialisable
+
+
+def test_bench_is_deterministic_apart_from_timing():
+    kwargs = dict(seeds=1, n_prompts=6, group_size=4, budget_pulls=12, workers=2, methods=("planner", "uniform"))
+    a, b = run_planner_bench(**kwargs), run_planner_bench(**kwargs)
+    assert a["methods"] == b["methods"]
+
+
+def test_main_prints_json(capsys):
+    assert main(["--seeds", "1", "--n-prompts", "6", "--group-size", "4", "--budget-pulls", "12",
+                 "--workers", "2", "--preempted-workers", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["setup"]["seeds"] == 1 and "planner_over_uniform" in out
+
+
+def test_synthetic_distributions_have_the_stated_variance():
+    rng = np.random.default_rng(0)
+    for dist in (Constant(1.0), Bernoulli(0.2), BetaReward(2.0, 5.0),
+                 Bimodal(0.8, BetaReward(3, 20), BetaReward(20, 3))):
+        samples = dist.sample(rng, (200_000,))
+        assert samples.min() >= 0.0 and samples.max() <= 1.0
+        assert np.var(samples) == pytest.approx(dist.variance, abs=2e-3)
+
+
+def test_rewards_are_a_pure_function_of_the_seed():
+    dist = random_prompt_set(3, 4)[1]
+    assert reward_of(3, 1, dist, 12345) == reward_of(3, 1, dist, 12345)
+    assert len({reward_of(3, 1, dist, s) for s in range(50)}) > 1 or dist.variance == 0
