@@ -1,0 +1,178 @@
+"""Ray actors of the runtime: trainer, rollout workers, reward workers.
+
+Simulated GPUs are Ray custom resources: on-demand actors ask for `ondemand_gpu`, spot actors for
+`spot_gpu` (both fractional-capable). On a real GPU cluster the same code runs with those
+resources declared on the GPU nodes (see deploy/kuberay). Every actor pins torch to
+`threads` intra-op threads: on small CPU machines oversubscription makes a denoising step 20-40x
+slower (measured: 28 ms with 1 thread vs 0.7-1.3 s with 2 threads on 2 busy cores).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import ray
+
+log = logging.getLogger(__name__)
+ONDEMAND, SPOT = "ondemand_gpu", "spot_gpu"
+
+
+def _torch_setup(threads: int) -> None:
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def load_policy(path: str):
+    """A policy from a checkpoint written by `roll_spotlight.models.save_policy`."""
+    from roll_spotlight.models import load_tiny_policy
+
+    policy, _ = load_tiny_policy(path)
+    return policy
+
+
+@ray.remote(num_cpus=0)
+class TrainerActor:
+    """Policy, optimiser, reference and validation; publishes each new weight version."""
+
+    def __init__(self, cfg_data: dict, policy_path: str, store, threads: int = 1):
+        from roll_spotlight.configuration import from_dict
+        from roll_spotlight.runtime.trainer_core import TrainerCore
+        from roll_spotlight.training.config import RunConfig
+
+        _torch_setup(threads)
+        self.core = TrainerCore(from_dict(RunConfig, cfg_data), load_policy(policy_path))
+        self.store = store
+        self.events: list[dict] = []
+        self.publish()
+
+    def _record(self, phase: str, start: float) -> None:
+        self.events.append({"worker": "trainer", "phase": phase, "start": start, "end": time.time()})
+
+    def publish(self) -> int:
+        self.store.publish(self.core.weight_version, self.core.policy.state_dict())
+        return self.core.weight_version
+
+    def train(self, outputs, prompts, group_ids, rewards) -> dict:
+        t0 = time.time()
+        metrics = self.core.train(outputs, prompts, group_ids, rewards)
+        self.publish()
+        self._record("train", t0)
+        return metrics
+
+    def evaluate(self):
+        t0 = time.time()
+        result = self.core.evaluate()
+        self._record("validate", t0)
+        return result
+
+    def weight_version(self) -> int:
+        return self.core.weight_version
+
+    def save(self, path: str) -> None:
+        self.core.save(path)
+
+    def load(self, path: str) -> int:
+        self.core.load(path)
+        return self.publish()
+
+    def timeline(self) -> list[dict]:
+        return list(self.events)
+
+
+@ray.remote(num_cpus=0)
+class RewardActor:
+    """Batched reward scoring (the configured reward behind SafeReward)."""
+
+    def __init__(self, cfg_data: dict):
+        from roll_spotlight.configuration import from_dict
+        from roll_spotlight.training.config import RunConfig
+        from roll_spotlight.training.loop import build_reward_fn
+
+        self.reward_fn = build_reward_fn(from_dict(RunConfig, cfg_data))
+        self.events: list[dict] = []
+
+    def score(self, images, prompts):
+        t0 = time.time()
+        out = self.reward_fn(images, list(prompts))
+        self.events.append({"worker": "reward", "phase": "reward", "start": t0, "end": time.time()})
+        return out
+
+    def timeline(self) -> list[dict]:
+        return list(self.events)
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class RolloutWorker:
+    """Pulls requests from the queue and runs them; never pushed to.
+
+    `serve()` runs the pull loop (in one of the actor's threads) until `stop()`, or until a
+    preemption notice arrives: then the worker finishes the denoising step it is in, commits the
+    in-flight state to the queue (another worker resumes it) and returns.
+    """
+
+    def __init__(self, name: str, policy_path: str, queue, store, *, threads: int = 1,
+                 commit_every: int = 0, kinds=None):
+        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.runtime.executor import RolloutExecutor
+
+        _torch_setup(threads)
+        self.name, self.store, self.kinds = name, store, kinds
+        self.client = QueueClient(queue, name)
+        self.executor = RolloutExecutor(load_policy(policy_path), commit_every=commit_every)
+        self.version: int | None = None
+        self._stop = threading.Event()
+        self._notice = threading.Event()
+        self.events: list[dict] = []
+        self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
+
+    def _ensure_version(self, version: int) -> None:
+        if version != self.version:
+            self.executor.policy.load_state_dict(self.store.fetch(version))
+            self.executor.invalidate()
+            self.version = version
+            self.counters["weight_fetches"] += 1
+
+    def serve(self) -> dict:
+        """The pull loop; returns the worker's counters when it stops or is preempted."""
+        idle = 0.002
+        while not self._stop.is_set() and not self._notice.is_set():
+            leases = self.client.pull(1, kinds=self.kinds)
+            if not leases:
+                time.sleep(idle)
+                idle = min(idle * 2, 0.05)
+                continue
+            idle = 0.002
+            self._run(leases[0])
+        return dict(self.counters)
+
+    def _run(self, lease) -> None:
+        from roll_spotlight.runtime.executor import Finished
+
+        t0 = time.time()
+        self._ensure_version(lease.request.weight_version)
+        outcome = self.executor.run(lease, self._notice.is_set, on_checkpoint=self.client.checkpoint)
+        self.counters["steps"] += outcome.steps_run
+        if isinstance(outcome, Finished):
+            self.client.complete(lease, outcome.output)
+            self.counters["completed"] += 1
+        else:
+            self.client.commit(outcome.state)
+            self.counters["committed"] += 1
+        self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
+
+    def notify_preemption(self, seconds_left: float) -> None:
+        """A preemption notice: stop after the current step and commit (see `serve`)."""
+        self.client.handle.notify_preemption.remote(self.name, seconds_left)
+        self._notice.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stats(self) -> dict:
+        return dict(self.counters)
+
+    def timeline(self) -> list[dict]:
+        return list(self.events)

@@ -1,0 +1,169 @@
+"""The iteration loop shared by every host (standalone CLI, Ray runtime, ROLL pipeline).
+
+    for each iteration t:
+        draw prompts and seeds of t          (pure functions of (run seed, t))
+        enqueue one rollout request per (prompt, seed) under weight version t-1
+        collect outputs in request-id order   (workers pull; nothing is pushed)
+        reward -> group advantages -> train -> publish weight version t
+        every eval_steps: validation on the fixed (prompt, seed) pairs; every save_steps: checkpoint
+
+The backend decides where each phase runs (in process, or on Ray actors); the loop does not.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from roll_spotlight.configuration import to_dict
+from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
+from roll_spotlight.training.config import RunConfig
+from roll_spotlight.training.evaluate import Evaluation, paired_gain
+from roll_spotlight.training.metrics import MetricsWriter
+from roll_spotlight.training.sampling import choose_window
+from roll_spotlight.training.tasks import draw_prompt_ids, draw_seeds
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Where the phases of an iteration run."""
+
+    weight_version: int
+
+    def rollouts(self, specs: list[RequestSpec]) -> list: ...  # RolloutOutput, request-id order
+    def score(self, images: np.ndarray, prompts: list[str]): ...  # RewardOutput
+    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray,
+              rewards: np.ndarray) -> dict: ...  # one update; publishes weight_version + 1
+    def evaluate(self) -> Evaluation: ...
+    def save_checkpoint(self, path: Path) -> None: ...
+    def load_checkpoint(self, path: Path) -> None: ...
+    def timeline(self) -> list[dict]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    base: Evaluation
+    final: Evaluation
+    curve: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"base": self.base.summary(), "final": self.final.summary(),
+                "paired": paired_gain(self.base, self.final), "run_dir": str(self.run_dir)}
+
+
+def iteration_specs(cfg: RunConfig, pool, iteration: int, weight_version: int) -> list[RequestSpec]:
+    """The rollout requests of one iteration: group_size seeds for each drawn prompt."""
+    g = cfg.train.group_size
+    ids = draw_prompt_ids(len(pool), cfg.rollout_batch_size, seed=cfg.seed, iteration=iteration)
+    seeds = draw_seeds(len(ids) * g, seed=cfg.seed, iteration=iteration)
+    window = choose_window(cfg.sampling, seed=cfg.seed, iteration=iteration)
+    lo, hi = window if window is not None else (0, cfg.sampling.num_steps)
+    schedule = Schedule(cfg.sampling.num_steps, cfg.sampling.noise_level, cfg.sampling.kind, lo, hi)
+    return [RequestSpec(prompt_id=int(pid), prompt=pool.texts[pid], seed=int(seeds[i * g + j]),
+                        schedule=schedule, weight_version=weight_version, kind=RequestKind.ROLLOUT,
+                        iteration=iteration)
+            for i, pid in enumerate(ids) for j in range(g)]
+
+
+class Coordinator:
+    """Runs iterations on a backend and writes metrics, checkpoints and a summary to `run_dir`."""
+
+    def __init__(self, cfg: RunConfig, backend: Backend, run_dir: Path, *, progress: bool = True):
+        from roll_spotlight.training.tasks import train_pool
+
+        self.cfg, self.backend, self.run_dir, self.progress = cfg, backend, Path(run_dir), progress
+        self.pool = train_pool(cfg.task)
+        self.writer = MetricsWriter(self.run_dir, cfg.track_with)
+        self.curve: list[dict] = []
+        self.start_iteration = 1
+        self.base: Evaluation | None = None
+        self.last: Evaluation | None = None
+
+    def run(self) -> RunResult:
+        from tqdm import tqdm
+
+        if self.base is None:
+            self.base = self.last = self.backend.evaluate()
+            self.curve = [{"iteration": 0} | self.base.summary()]
+            self.writer.write(0, self.curve[-1])
+        bar = tqdm(range(self.start_iteration, self.cfg.max_steps + 1), desc=self.cfg.exp_name,
+                   disable=not self.progress, unit="it", initial=self.start_iteration - 1, total=self.cfg.max_steps)
+        for it in bar:
+            stats = self.iteration(it)
+            if self._due(it, self.cfg.eval_steps) or it == self.cfg.max_steps:
+                self.last = self.backend.evaluate()
+                stats |= self.last.summary()
+                self.curve.append({"iteration": it} | self.last.summary())
+            self.writer.write(it, stats)
+            if self._due(it, self.cfg.save_steps):
+                self.checkpoint(it)
+            bar.set_postfix(phase="done", reward=f"{stats['reward_mean']:.3f}", val=f"{self.last.mean:.3f}")
+        return self._finish(self.last)
+
+    def iteration(self, it: int) -> dict:
+        t0 = time.monotonic()
+        specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
+        outputs = self.backend.rollouts(specs)
+        t_roll = time.monotonic()
+        prompts = [s.prompt for s in specs]
+        scored = self.backend.score(np.stack([o.image for o in outputs]), prompts)
+        rewards = np.asarray(scored.rewards, dtype=np.float64)
+        t_reward = time.monotonic()
+        g = self.cfg.train.group_size
+        stats = self.backend.train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards)
+        t_train = time.monotonic()
+        return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                        "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
+                        "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}
+
+    def checkpoint(self, it: int) -> Path:
+        """Weights, optimiser, iteration and curve; everything else is a function of (seed, t)."""
+        path = self.run_dir / "checkpoints" / f"iter-{it:06d}"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.backend.save_checkpoint(tmp / "backend.pt")
+        meta = {"iteration": it, "curve": self.curve, "base": _eval_dump(self.base), "last": _eval_dump(self.last),
+                "weight_version": self.backend.weight_version, "config": to_dict(self.cfg)}
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        if path.exists():  # a resumed run re-reaching a saved iteration replaces it
+            shutil.rmtree(path)
+        tmp.rename(path)
+        return path
+
+    def resume(self, path: Path) -> None:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+        self.backend.load_checkpoint(Path(path) / "backend.pt")
+        self.start_iteration = meta["iteration"] + 1
+        self.curve = meta["curve"]
+        self.base, self.last = _eval_load(meta["base"]), _eval_load(meta["last"])
+        self.writer.truncate_after(meta["iteration"])
+
+    @staticmethod
+    def _due(it: int, every: int) -> bool:
+        return every > 0 and it % every == 0
+
+    def _finish(self, last: Evaluation) -> RunResult:
+        self.writer.close()
+        result = RunResult(self.run_dir, self.base, last, self.curve)
+        payload = result.summary() | {"config": to_dict(self.cfg), "curve": self.curve,
+                                      "final_rewards": last.rewards.tolist()}
+        (self.run_dir / "summary.json").write_text(json.dumps(payload, indent=2))
+        (self.run_dir / "timeline.json").write_text(json.dumps(self.backend.timeline()))
+        return result
+
+
+def _eval_dump(ev: Evaluation | None) -> dict | None:
+    return None if ev is None else {"rewards": ev.rewards.tolist(), "strict": ev.strict.tolist()}
+
+
+def _eval_load(data: dict | None) -> Evaluation | None:
+    return None if data is None else Evaluation(np.asarray(data["rewards"]), np.asarray(data["strict"]))

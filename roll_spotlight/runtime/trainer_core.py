@@ -1,0 +1,59 @@
+"""The trainer's state and duties, independent of where it runs (in process or in a Ray actor).
+
+Holds the policy, the optimiser (and reference, when KL is on), the validation set and the reward
+used for validation. Rollout outputs arrive per request; they are stacked into one trajectory in
+request-id order, so the update does not depend on which worker produced what.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from roll_spotlight.flow_grpo import sigma_schedule
+from roll_spotlight.runtime.executor import stack_outputs
+from roll_spotlight.training.config import RunConfig
+from roll_spotlight.training.evaluate import Evaluation, evaluate
+from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
+
+
+class TrainerCore:
+    def __init__(self, cfg: RunConfig, policy):
+        from roll_spotlight.training.loop import build_reward_fn, strict_scorer
+        from roll_spotlight.training.tasks import validation_set
+
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.policy = cfg, policy
+        self.trainer = FlowGRPOTrainer(policy, cfg.train)
+        self.val = validation_set(cfg.task)
+        self.reward_fn, self.strict_fn = build_reward_fn(cfg), strict_scorer()
+        self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
+        self.weight_version = 0
+
+    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray) -> dict:
+        s = self.cfg.sampling
+        traj = stack_outputs(outputs, self.sigmas, s.noise_level, s.kind)
+        metrics = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind))
+        self.weight_version += 1
+        return metrics
+
+    def evaluate(self) -> Evaluation:
+        return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn)
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "trainer": self.trainer.state_dict(),
+                "weight_version": self.weight_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.trainer.load_state_dict(state["trainer"])
+        self.weight_version = int(state["weight_version"])
+
+    def save(self, path: Path) -> None:
+        tmp = Path(path).with_suffix(".tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        self.load_state_dict(torch.load(path, weights_only=True))

@@ -1,0 +1,61 @@
+"""Validation on fixed (prompt, seed) pairs, with paired statistics between two policies."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from roll_spotlight.training.sampling import eval_spec, generate_in_chunks
+from roll_spotlight.training.tasks import ValidationSet
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Per-pair validation outcome. `rewards[i]` belongs to pair i of the validation set."""
+
+    rewards: np.ndarray
+    strict: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        return float(self.rewards.mean())
+
+    @property
+    def stderr(self) -> float:
+        return float(self.rewards.std(ddof=1) / math.sqrt(len(self.rewards))) if len(self.rewards) > 1 else 0.0
+
+    @property
+    def strict_accuracy(self) -> float:
+        return float(self.strict.mean())
+
+    def summary(self) -> dict:
+        return {"val_reward": self.mean, "val_reward_se": self.stderr, "val_strict": self.strict_accuracy}
+
+
+def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None) -> Evaluation:
+    """Generate every validation pair with the ODE sampler and score it.
+
+    `strict_fn` (the task's detector as a reward) supplies strict accuracy when the training reward
+    is something else: a reward that rises while strict accuracy falls is being gamed.
+    """
+    was_training = policy.training
+    policy.eval()
+    try:
+        images = generate_in_chunks(policy, list(val.texts), list(val.seeds), eval_spec(sampling_cfg))
+    finally:
+        policy.train(was_training)
+    out = reward_fn(images, list(val.texts))
+    strict_out = strict_fn(images, list(val.texts)) if strict_fn is not None else out
+    strict = strict_out.info.get("strict")
+    strict = np.asarray(strict, dtype=np.float64) if strict is not None else np.full(len(images), np.nan)
+    return Evaluation(np.asarray(out.rewards, dtype=np.float64), strict)
+
+
+def paired_gain(before: Evaluation, after: Evaluation) -> dict:
+    """Mean paired difference (after - before), its standard error and z."""
+    diff = after.rewards - before.rewards
+    se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+    gain = float(diff.mean())
+    return {"gain": gain, "gain_se": se, "z": gain / se if se > 0 else float("inf") * np.sign(gain),
+            "strict_change": after.strict_accuracy - before.strict_accuracy}

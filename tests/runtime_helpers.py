@@ -1,0 +1,34 @@
+"""Shared tiny settings for runtime tests: a run small enough for seconds on 2 cores."""
+from pathlib import Path
+
+from roll_spotlight.configuration import load_config
+from roll_spotlight.training.config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_OVERRIDES = [
+    "max_steps=2", "eval_steps=1", "rollout_batch_size=2", "train.group_size=3", "task.val_prompts=6",
+    "sampling.num_steps=4", "sampling.sde_window=2", "sampling.window_range=[0,2]", "sampling.eval_num_steps=3",
+    "model.num_layers=1", "model.attention_head_dim=16", "model.axes_dims_rope=[4,6,6]",
+    "model.joint_attention_dim=32", "model.image_size=16", "train.learning_rate=1e-3", "train.clip_range=0.2",
+]
+
+
+def tiny_config(*extra: str) -> RunConfig:
+    return load_config(RunConfig, REPO / "configs" / "tiny_shapes.yaml", [*TINY_OVERRIDES, *extra])
+
+
+def random_policy(cfg: RunConfig, seed: int = 0):
+    import torch
+
+    from roll_spotlight.models import build_policy
+    from roll_spotlight.training.tasks import task_vocab
+
+    torch.manual_seed(seed)
+    return build_policy(cfg.model, vocab=task_vocab(cfg.task))
+
+
+def save_random_policy(cfg: RunConfig, path: Path, seed: int = 0) -> Path:
+    from roll_spotlight.models import save_policy
+
+    save_policy(random_policy(cfg, seed), path)
+    return path
