@@ -6,13 +6,28 @@ Dependency ranges are chosen to install next to ROLL v0.3.0's ``requirements_com
 from setuptools import find_packages, setup
 
 ENTRY_POINTS = {
-    "console_scripts": ["spotlight = roll_spotlight.cli:main"],
+    "console_scripts": [
+        "spotlight = roll_spotlight.cli:main",
+        "spotlight-roll = roll_spotlight.launch:main",
+    ],
     "roll_spotlight.rewards": [
         "shapes = roll_spotlight.rewards.shapes:ShapesReward",
         "ocr = roll_spotlight.rewards.ocr:OcrReward",
         "jpeg_compressibility = roll_spotlight.rewards.jpeg:JpegCompressibility",
         "brightness = roll_spotlight.rewards.jpeg:MeanBrightness",
     ],
+    "roll_spotlight.pipelines": ["spotlight = roll_spotlight.roll.pipeline:SpotlightPipeline"],
+    "roll_spotlight.workers": [
+        "dit_trainer = roll_spotlight.roll.workers:DiTTrainerWorker",
+        "dit_rollout = roll_spotlight.roll.workers:DiTRolloutWorker",
+        "dit_explorer = roll_spotlight.roll.workers:DiTExplorerWorker",
+        "dit_reward = roll_spotlight.roll.workers:DiTRewardWorker",
+    ],
+    "roll_spotlight.strategies": [
+        "diffusers_train = roll_spotlight.roll.strategy:DiffusersTrainStrategy",
+        "diffusers_rollout = roll_spotlight.roll.strategy:DiffusersRolloutStrategy",
+    ],
+    "roll_spotlight.schedulers": ["pull_queue = roll_spotlight.dispatch.queue:RequestQueue"],
 }
 
 setup(
@@ -40,6 +55,8 @@ setup(
         "ocr": ["rapidocr-onnxruntime>=1.3"],
         "megatron": ["megatron-core>=0.12"],
         "gpu": ["flash-attn>=2.6"],
+        # Next to ROLL: diffusers' Qwen-Image model needs peft >= 0.18.1 (ROLL pins 0.12.0).
+        "roll": ["peft>=0.18.1", "dacite>=1.8"],
         "dev": [
             "pytest>=7.4",
             "pytest-mock>=3.10",

@@ -1,16 +1,27 @@
 """DiT policies: the tiny pixel-space Qwen-Image model for CPU runs and the real Qwen-Image path.
 
-`QwenImagePolicy` is imported lazily (on first attribute access) because it pulls in the
-transformers Qwen2.5-VL stack, which tiny runs never need.
+Everything but `ModelConfig` is imported lazily (on first attribute access): configs are
+validated in processes that must not pay for torch and diffusers (the CLI, ROLL's driver), and
+`QwenImagePolicy` pulls in the transformers Qwen2.5-VL stack, which tiny runs never need.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from roll_spotlight.models.base import Conditioning, DiTPolicy
+import importlib
+
 from roll_spotlight.models.config import ModelConfig
-from roll_spotlight.models.tiny import TinyShapesDiT, WordTokenizer, load_tiny_policy, save_policy
+
+_LAZY = {
+    "Conditioning": "roll_spotlight.models.base",
+    "DiTPolicy": "roll_spotlight.models.base",
+    "TinyShapesDiT": "roll_spotlight.models.tiny",
+    "WordTokenizer": "roll_spotlight.models.tiny",
+    "load_tiny_policy": "roll_spotlight.models.tiny",
+    "save_policy": "roll_spotlight.models.tiny",
+    "QwenImagePolicy": "roll_spotlight.models.qwen_image",
+}
 
 __all__ = [
     "Conditioning",
@@ -25,11 +36,13 @@ __all__ = [
 ]
 
 
-def build_policy(cfg: ModelConfig, vocab: Sequence[str] | None = None) -> DiTPolicy:
+def build_policy(cfg: ModelConfig, vocab: Sequence[str] | None = None):
     """A fresh policy for `cfg.preset`: "tiny" needs the task `vocab`; "qwen_image" loads `cfg.path`."""
     if cfg.preset == "tiny":
         if not vocab:
             raise ValueError("build_policy: preset 'tiny' needs the task vocabulary (vocab=...)")
+        from roll_spotlight.models.tiny import TinyShapesDiT
+
         return TinyShapesDiT(cfg, vocab)
     elif cfg.preset == "qwen_image":
         from roll_spotlight.models.qwen_image import QwenImagePolicy
@@ -40,8 +53,6 @@ def build_policy(cfg: ModelConfig, vocab: Sequence[str] | None = None) -> DiTPol
 
 
 def __getattr__(name: str):
-    if name == "QwenImagePolicy":
-        from roll_spotlight.models.qwen_image import QwenImagePolicy
-
-        return QwenImagePolicy
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,134 @@
+"""ROLL recipes in configs/roll: every recipe validates, vanilla twins differ only in Spotlight
+components, and the adapter imports without ROLL. Tests marked `roll` also parse with ROLL."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_spotlight.configuration import ConfigError, load_yaml
+from roll_spotlight.roll.sections import COMPONENT_KEYS, validate_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "configs" / "roll").glob("*.yaml"))
+TWINS = [p for p in RECIPES if (p.parent / f"{p.stem}_vanilla.yaml").is_file()]
+
+
+def _flatten(data, prefix=""):
+    if isinstance(data, dict):
+        out = {}
+        for key, value in data.items():
+            out |= _flatten(value, f"{prefix}{key}.")
+        return out
+    return {prefix.rstrip("."): data}
+
+
+def test_recipes_exist():
+    names = {p.stem for p in RECIPES}
+    assert {"tiny_shapes_roll", "qwen_image_ocr_512", "qwen_image_ocr_512_vanilla",
+            "qwen_image_geneval_1280", "qwen_image_geneval_1280_vanilla"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_validates_without_roll(path):
+    sections, run_cfg = validate_recipe(load_yaml(path), source=str(path))
+    assert run_cfg.exp_name == path.stem
+    assert run_cfg.max_steps >= 1
+
+
+def test_1280_recipe_uses_sequence_parallel_rollouts():
+    sections, run_cfg = validate_recipe(load_yaml(ROOT / "configs/roll/qwen_image_geneval_1280.yaml"))
+    assert run_cfg.model.image_size == 1280 and sections.elastic.sp_degree > 1
+    assert run_cfg.model.preset == "qwen_image" and run_cfg.model.path
+
+
+@pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)
+def test_vanilla_twin_differs_only_in_spotlight_components(path):
+    spotlight = _flatten(load_yaml(path))
+    vanilla = _flatten(load_yaml(path.parent / f"{path.stem}_vanilla.yaml"))
+    changed = {k for k in spotlight.keys() | vanilla.keys() if spotlight.get(k, object()) != vanilla.get(k, object())}
+    outside = {k for k in changed if k != "exp_name" and k.split(".")[0] not in COMPONENT_KEYS}
+    assert not outside, f"the vanilla twin also changes {sorted(outside)}"
+    assert {"exploration.enabled", "spot.enabled"} <= changed
+    v_sections, _ = validate_recipe(load_yaml(path.parent / f"{path.stem}_vanilla.yaml"))
+    assert not v_sections.exploration.enabled and not v_sections.spot.enabled
+    assert v_sections.dispatch.mode == "static"
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"spot": {"max_wrokers": 3}}, "spot.max_wrokers"),
+    ({"elastic": {"sp_degree": 3}}, "elastic.sp_degree"),
+    ({"dispatch": {"mode": "push"}}, "dispatch.mode"),
+    ({"spot": {"node_label": "spot"}}, "spot.node_label"),
+    ({"actor_infer": {"worker_cls": "x"}}, "actor_infer"),
+])
+def test_bad_recipes_fail_naming_the_key(change, fragment):
+    data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
+    for key, value in change.items():
+        data[key] = (data.get(key) or {}) | value
+    with pytest.raises(ConfigError) as err:
+        validate_recipe(data, source="tiny_shapes_roll.yaml")
+    assert fragment in str(err.value)
+
+
+def test_missing_role_is_reported():
+    data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
+    del data["explorer"]
+    with pytest.raises(ConfigError, match="explorer"):
+        validate_recipe(data)
+
+
+def test_importing_the_adapter_imports_no_roll_torch_or_ray():
+    """The adapter and launcher import nothing heavy; recipe validation needs no ROLL and no Ray."""
+    code = ("import sys\n"
+            "seen = lambda: sorted(m for m in ('roll', 'torch', 'ray', 'diffusers') if m in sys.modules)\n"
+            "import roll_spotlight.roll, roll_spotlight.plugins, roll_spotlight.launch\n"
+            "print(seen())\n"
+            "import roll_spotlight.roll.sections\n"
+            "print(seen())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    adapter, sections = out.stdout.strip().splitlines()
+    assert adapter == "[]"
+    assert "'roll'" not in sections and "'ray'" not in sections
+
+
+def test_launcher_without_roll_says_how_to_install(tmp_path):
+    from roll_spotlight.roll.environment import roll_available
+
+    if roll_available():
+        pytest.skip("ROLL is installed here")
+    out = subprocess.run([sys.executable, "-m", "roll_spotlight.launch", "--config_path", str(ROOT / "configs/roll"),
+                          "--config_name", "tiny_shapes_roll"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "ROLL is not installed" in out.stderr and "git clone" in out.stderr and "pip install roll" not in out.stderr
+
+
+@pytest.mark.roll
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_parses_into_spotlight_config_with_roll(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # ROLL writes ./output/logs on import
+    from roll_spotlight.roll.config import compose_mapping, from_mapping
+
+    cfg = from_mapping(compose_mapping(str(path.parent), path.stem))
+    sections, run_cfg = validate_recipe(load_yaml(path))
+    assert cfg.sections == sections
+    assert cfg.to_run_config() == run_cfg
+    assert [getattr(cfg, r).name for r in ("trainer", "rollout", "explorer", "reward")] == \
+        ["trainer", "rollout", "explorer", "reward"]
+
+
+def test_kuberay_manifest_matches_the_recipes_spot_keys():
+    """The spot resource, on-demand resource and node label the recipes name exist in the manifest."""
+    import yaml
+
+    manifest = yaml.safe_load((ROOT / "deploy/kuberay/raycluster.yaml").read_text())
+    groups = {g["groupName"]: g for g in manifest["spec"]["workerGroupSpecs"]}
+    spot, ondemand = groups["spot-gpu"]["rayStartParams"], groups["ondemand-gpu"]["rayStartParams"]
+    sections, _ = validate_recipe(load_yaml(ROOT / "configs/roll/qwen_image_ocr_512.yaml"))
+    key, value = sections.spot.label
+    assert f'\\"{sections.spot.resource}\\"' in spot["resources"] and spot["num-gpus"] == "0"
+    assert f'\\"{sections.spot.ondemand_resource}\\"' in ondemand["resources"] and int(ondemand["num-gpus"]) > 0
+    assert spot["labels"] == f"{key}={value}"
+    assert groups["spot-gpu"]["template"]["spec"]["nodeSelector"][key] == value
