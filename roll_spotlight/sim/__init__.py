@@ -1,0 +1,29 @@
+"""Discrete-event simulator of a whole cluster running Flow-GRPO iterations (DESIGN.md section 4).
+
+It answers time per iteration, GPU idle fractions and cost for vanilla / exploration on the
+critical path / naive spot / Spotlight on one cluster and spot trace, driving the runtime's own
+policies (request queue, exploration planner, SP group planner). Every number it produces is
+simulated; see ``costmodel`` for where each constant comes from.
+
+The entry points (``simulate``, ``project``, ``time_to_target``, ``main``) live in ``run`` and are
+loaded on first use, so ``python -m roll_spotlight.sim.run`` does not import ``run`` twice.
+"""
+from __future__ import annotations
+
+import importlib
+
+from roll_spotlight.sim.baselines import BASELINES, BaselineSpec, get_baseline
+from roll_spotlight.sim.costmodel import CONSTANTS, Constant, CostModel
+from roll_spotlight.sim.engine import EventLoop
+
+_LAZY = {"main", "project", "simulate", "time_to_target"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("roll_spotlight.sim.run"), name)
+
+
+__all__ = ["BASELINES", "CONSTANTS", "BaselineSpec", "Constant", "CostModel", "EventLoop",
+           "get_baseline", *sorted(_LAZY)]

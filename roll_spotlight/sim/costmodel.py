@@ -1,0 +1,288 @@
+"""Cost model of Flow-GRPO on Qwen-Image: every time the simulator uses comes from here.
+
+One table, :data:`CONSTANTS`, holds each constant with its unit and its source: a published number
+(model card, datasheet, Flow-GRPO's released config), a measurement of this project's mechanisms, or
+an explicit ``assumption``. :class:`CostModel` carries the values (overridable from a dict, and
+calibratable with measured regroup times) and derives phase times from them:
+
+- a denoising step costs ``cfg_forwards`` transformer forwards of ``2*params*tokens`` FLOPs for the
+  dense layers plus ``4*layers*tokens^2*hidden`` for attention (QK^T and AV), at
+  ``peak*mfu`` FLOP/s, divided over an SP group of degree d with efficiency
+  ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
+- a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
+  the SDE-window steps are trained;
+- restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth).
+
+Nothing here is measured at scale: numbers derived from this model are *simulated* and reports must
+say so. Exploration's effect on convergence is not modelled at all (see ``run.time_to_target``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
+SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransformer2DModel defaults)"
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A cost-model constant: ``value`` in ``unit``, and where the number comes from."""
+
+    value: float
+    unit: str
+    source: str
+
+
+CONSTANTS: dict[str, Constant] = {
+    # --- model (Qwen-Image) ---
+    "params_b": Constant(20.0, "1e9 parameters", "Qwen-Image technical report / model card: 20B MMDiT"),
+    "num_layers": Constant(60, "layers", SOURCE_QWEN_ARCH + ": num_layers=60"),
+    "hidden_dim": Constant(3072, "features", SOURCE_QWEN_ARCH + ": 24 heads x 128 head dim"),
+    "num_heads": Constant(24, "heads", SOURCE_QWEN_ARCH + ": num_attention_heads=24"),
+    "pixels_per_token": Constant(16, "pixels per token side",
+                                 "Qwen-Image VAE 8x downsampling x 2x2 patches: 512^2 -> 1,024 tokens, "
+                                 "1280^2 -> 6,400 tokens"),
+    "text_tokens": Constant(128, "tokens", "assumption: typical OCR/GenEval prompt length after templating"),
+    "bytes_per_param": Constant(2, "bytes", "bf16 weights (Flow-GRPO mixed_precision=bf16)"),
+    # --- hardware ---
+    "gpu_peak_tflops": Constant(989.0, "TFLOP/s", "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16 "
+                                                  "(H200 has the same compute)"),
+    "rollout_mfu": Constant(0.40, "fraction of peak", "assumption: DiT inference at ~1-7k tokens per image"),
+    "train_mfu": Constant(0.30, "fraction of peak", "assumption: LoRA + FSDP + activation checkpointing + "
+                                                   "optimizer offload (Flow-GRPO qwenimage settings)"),
+    "sp_overhead_per_rank": Constant(0.04, "fraction per extra rank",
+                                     "assumption: Ulysses all-to-all cost inside one NVLink node"),
+    "sp_cross_node_factor": Constant(4.0, "x", "assumption: all-to-all over the network instead of NVLink"),
+    "nvlink_copy_gb_s": Constant(150.0, "GB/s", "assumption: effective GPU-to-GPU copy on one node "
+                                                "(H100 NVLink peak is 900 GB/s, datasheet)"),
+    "network_gb_s": Constant(12.5, "GB/s", "assumption: 100 Gbit/s between nodes"),
+    "storage_gb_s": Constant(1.0, "GB/s", "assumption: checkpoint read from cloud object storage / disk"),
+    # --- Flow-GRPO workload ---
+    "sampling_steps": Constant(10, "denoising steps", SOURCE_FLOW_GRPO + ": sample.num_steps=10"),
+    "cfg_forwards": Constant(2, "forwards per step", SOURCE_FLOW_GRPO + ": guidance_scale=4 (true CFG: "
+                                                                          "conditional + unconditional)"),
+    "group_size": Constant(16, "images per prompt", SOURCE_FLOW_GRPO + ": num_image_per_prompt=16"),
+    "prompts_per_iteration": Constant(32, "prompts", SOURCE_FLOW_GRPO + ": 32 GPUs x 4 images x 4 batches "
+                                                                         "/ 16 per prompt"),
+    "trained_steps": Constant(2, "steps per image", SOURCE_FLOW_GRPO + ": sde_window_size=2"),
+    "noise_level": Constant(1.2, "a", SOURCE_FLOW_GRPO + ": noise_level=1.2 (does not change step time)"),
+    "train_flops_multiplier": Constant(3.0, "x forward", "forward + backward ~ 3 forwards (2N + 4N FLOPs "
+                                                         "per token, Kaplan et al. 2020)"),
+    "explore_steps": Constant(10, "denoising steps", "assumption: explore with the rollout schedule, so "
+                                                     "a seed's trajectory is the one regenerated"),
+    "explore_seeds_critical": Constant(16, "seeds per prompt", "assumption: exploration on the critical "
+                                                               "path rolls out 16 extra candidates per "
+                                                               "prompt (32 -> train on 16)"),
+    "preferred_sp_512": Constant(1, "degree", "assumption: 1,152 tokens fit one H100; no SP needed"),
+    "preferred_sp_1280": Constant(4, "degree", "assumption: the paper runs 1280^2 with SP; 4 GPUs per "
+                                               "image (elastic.planner.degree_for_resolution's 4,096-"
+                                               "token rule would give 2)"),
+    # --- rewards ---
+    "reward_s_ocr": Constant(0.05, "s per image", "assumption: PaddleOCR on a GPU reward server (our CPU "
+                                                  "rapidocr measured 0.23-0.32 s per 512^2 image, ENV.md)"),
+    "reward_s_geneval": Constant(0.10, "s per image", "assumption: Mask2Former detector on a GPU reward "
+                                                      "server"),
+    "reward_workers": Constant(8, "concurrent scorers", "assumption: reward servers, not priced (same for "
+                                                        "every baseline)"),
+    # --- weights and restarts ---
+    "local_weight_sync_s": Constant(2.0, "s", "assumption: trainer -> colocated rollout engine reshard"),
+    "warm_regroup_s": Constant(0.5, "s", "paper abstract: sub-second SP recovery (our gloo re-form: "
+                                         "10-50 ms, ENV.md); calibrate() replaces it with measurements"),
+    "process_start_s": Constant(30.0, "s", "assumption: Python + torch + CUDA context + diffusers import"),
+    "nccl_init_s": Constant(10.0, "s", "assumption: NCCL communicator init for a small group"),
+    "node_boot_s": Constant(60.0, "s", "assumption: VM boot + container start after a spot node is granted"),
+    # --- market ---
+    "notice_aws_s": Constant(120.0, "s", "AWS EC2 docs: Spot Instance interruption notice, 2 minutes"),
+    "notice_gcp_s": Constant(30.0, "s", "GCP Compute Engine docs: Spot VM preemption, 30 s"),
+    "notice_azure_s": Constant(30.0, "s", "Azure docs: Scheduled Events Preempt, >= 30 s"),
+    # --- prices (used when the trace brings none) ---
+    "ondemand_usd_gpu_h": Constant(10.3157, "USD per GPU-hour", "GCP a3-highgpu-8g us-central1 on-demand "
+                                                                 "$82.5254/h / 8 (shared/traces/skynomad-gcp"
+                                                                 "-h100/zones.csv)"),
+    "spot_usd_gpu_h": Constant(2.3724, "USD per GPU-hour", "GCP a3-highgpu-8g us-central1 spot $18.979/h "
+                                                           "/ 8 (same file)"),
+}
+
+RESOLUTIONS = (512, 1280)
+_INT_KEYS = frozenset({"num_layers", "hidden_dim", "num_heads", "pixels_per_token", "text_tokens",
+                       "bytes_per_param", "sampling_steps", "cfg_forwards", "group_size",
+                       "prompts_per_iteration", "trained_steps", "explore_steps",
+                       "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280",
+                       "reward_workers"})
+
+
+def _defaults() -> dict[str, float]:
+    return {name: (int(c.value) if name in _INT_KEYS else float(c.value)) for name, c in CONSTANTS.items()}
+
+
+def _default_sources() -> dict[str, str]:
+    return {name: c.source for name, c in CONSTANTS.items()}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The constants in force, and the phase times derived from them.
+
+    ``values`` maps every name of :data:`CONSTANTS` to a number; ``sources`` says where each one
+    comes from now (a published number, ``"override"`` or ``"measured: ..."``). Derived times are
+    methods, so an override of one constant moves every time that depends on it.
+    """
+
+    values: Mapping[str, float] = field(default_factory=_defaults)
+    sources: Mapping[str, str] = field(default_factory=_default_sources)
+    reward: str = "ocr"
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(CONSTANTS) - set(self.values))
+        unknown = sorted(set(self.values) - set(CONSTANTS))
+        if missing or unknown:
+            raise ValueError(f"CostModel.values: missing {missing}, unknown {unknown}")
+        for name, value in self.values.items():
+            if not value > 0:
+                raise ValueError(f"CostModel.{name} must be > 0, got {value!r}")
+        if self.reward not in ("ocr", "geneval"):
+            raise ValueError(f"CostModel.reward must be 'ocr' or 'geneval', got {self.reward!r}")
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, overrides: Mapping[str, Any] | None = None) -> CostModel:
+        """The default model with ``overrides`` (name -> number; ``reward`` -> 'ocr'|'geneval')."""
+        return cls().with_overrides(overrides or {})
+
+    def with_overrides(self, overrides: Mapping[str, Any], source: str = "override") -> CostModel:
+        """A copy with some constants replaced; unknown names raise ValueError listing known ones."""
+        overrides = dict(overrides)
+        reward = overrides.pop("reward", self.reward)
+        unknown = sorted(set(overrides) - set(CONSTANTS))
+        if unknown:
+            raise ValueError(f"unknown cost-model key {unknown[0]!r}; known keys: {sorted(CONSTANTS)}")
+        values = dict(self.values)
+        sources = dict(self.sources)
+        for name, value in overrides.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"cost-model key {name!r}: expected a number, got {value!r}")
+            values[name] = int(value) if name in _INT_KEYS else float(value)
+            sources[name] = source
+        return dataclasses.replace(self, values=values, sources=sources, reward=reward)
+
+    def calibrate(self, measured: Mapping[str, float], note: str = "project benchmark") -> CostModel:
+        """Replace constants with measured numbers, e.g. ``{"warm_regroup_s": 0.04}``.
+
+        ``cold_restart_s``, when given, makes the modelled cold restart equal to it: the surplus over
+        NCCL init + weight load becomes ``process_start_s``; a measurement below those two (a small
+        benchmark model) scales all three parts by the same factor.
+        """
+        measured = dict(measured)
+        cold = measured.pop("cold_restart_s", None)
+        model = self.with_overrides(measured, source=f"measured: {note}")
+        if cold is None:
+            return model
+        if not cold > 0:
+            raise ValueError(f"measured cold_restart_s must be > 0, got {cold!r}")
+        rest = model.nccl_init_s + model.weight_load_storage_s()
+        if cold > rest:
+            parts = {"process_start_s": cold - rest}
+        else:
+            f = cold / model.cold_restart_s()
+            parts = {"process_start_s": model.process_start_s * f, "nccl_init_s": model.nccl_init_s * f,
+                     "storage_gb_s": model.storage_gb_s / f}
+        return model.with_overrides(parts, source=f"measured: {note} (cold_restart_s={cold})")
+
+    def table(self) -> list[dict[str, Any]]:
+        """The constants in force with unit and source, for reports."""
+        return [{"name": n, "value": self.values[n], "unit": CONSTANTS[n].unit, "source": self.sources[n]}
+                for n in CONSTANTS]
+
+    # ---- model geometry ----------------------------------------------------------------------
+    def image_tokens(self, resolution: int) -> int:
+        """Image tokens of one ``resolution`` x ``resolution`` image (512 -> 1,024; 1280 -> 6,400)."""
+        side = resolution // int(self.pixels_per_token)
+        return side * side
+
+    def forward_flops(self, resolution: int) -> float:
+        """FLOPs of one transformer forward on one image (image + text tokens)."""
+        tokens = self.image_tokens(resolution) + self.text_tokens
+        dense = 2.0 * self.params_b * 1e9 * tokens
+        attention = 4.0 * self.num_layers * tokens * tokens * self.hidden_dim
+        return dense + attention
+
+    def model_bytes(self) -> float:
+        return self.params_b * 1e9 * self.bytes_per_param
+
+    def preferred_sp(self, resolution: int) -> int:
+        return int(self.preferred_sp_1280 if resolution >= 1024 else self.preferred_sp_512)
+
+    # ---- compute phases ----------------------------------------------------------------------
+    def sp_efficiency(self, degree: int, cross_node: bool = False) -> float:
+        overhead = self.sp_overhead_per_rank * (self.sp_cross_node_factor if cross_node else 1.0)
+        return 1.0 / (1.0 + overhead * (degree - 1))
+
+    def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False) -> float:
+        """Wall time of one denoising step of one image on an SP group of ``degree`` GPUs."""
+        assert degree >= 1, degree
+        flops = self.cfg_forwards * self.forward_flops(resolution)
+        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu * degree * self.sp_efficiency(degree, cross_node)
+        return flops / rate
+
+    def rollout_s(self, resolution: int, degree: int = 1, steps: int | None = None,
+                  cross_node: bool = False) -> float:
+        """Wall time of one whole rollout (``steps`` denoising steps, default the sampling steps)."""
+        steps = self.sampling_steps if steps is None else steps
+        return steps * self.step_s(resolution, degree, cross_node)
+
+    def train_s(self, images: int, resolution: int, gpus: int) -> float:
+        """Training time of one iteration on ``gpus`` data-parallel GPUs (FSDP)."""
+        assert gpus >= 1, gpus
+        flops = (images * self.trained_steps * self.cfg_forwards * self.train_flops_multiplier
+                 * self.forward_flops(resolution))
+        return flops / (gpus * self.gpu_peak_tflops * 1e12 * self.train_mfu)
+
+    def reward_s(self) -> float:
+        """Scoring time of one image on one reward worker."""
+        return self.reward_s_ocr if self.reward == "ocr" else self.reward_s_geneval
+
+    # ---- weights, restarts, joins -------------------------------------------------------------
+    def weight_load_storage_s(self) -> float:
+        return self.model_bytes() / (self.storage_gb_s * 1e9)
+
+    def weight_copy_nvlink_s(self) -> float:
+        return self.model_bytes() / (self.nvlink_copy_gb_s * 1e9)
+
+    def weight_copy_network_s(self) -> float:
+        return self.model_bytes() / (self.network_gb_s * 1e9)
+
+    def publish_s(self) -> float:
+        """New weights from the trainer to the spot workers (full bf16 weights over the network)."""
+        return self.weight_copy_network_s()
+
+    def cold_restart_s(self) -> float:
+        """A broken SP group restarted the naive way: new processes, NCCL init, weights from storage."""
+        return self.process_start_s + self.nccl_init_s + self.weight_load_storage_s()
+
+    def cold_join_s(self) -> float:
+        """A newly granted spot node joining the naive way: boot, then a cold restart."""
+        return self.node_boot_s + self.cold_restart_s()
+
+    def warm_join_s(self, peer_on_node: bool) -> float:
+        """A new node joining Spotlight: boot and a process start are unavoidable, then weights are
+        copied from a peer on the same node (NVLink) or from a remote peer (network)."""
+        copy = self.weight_copy_nvlink_s() if peer_on_node else self.weight_copy_network_s()
+        return self.node_boot_s + self.process_start_s + copy + self.warm_regroup_s
+
+    def notice_s(self, provider: str) -> float:
+        key = f"notice_{provider.lower()}_s"
+        if key not in self.values:
+            raise ValueError(f"unknown provider {provider!r}; known: aws, gcp, azure")
+        return self.values[key]
+
+    # ---- whole phases (used by tests and the analytic checks) ---------------------------------
+    def images_per_iteration(self) -> int:
+        return int(self.group_size * self.prompts_per_iteration)

@@ -1,0 +1,233 @@
+"""Entry points of the simulator: ``simulate``, ``project``, ``time_to_target`` and the CLI ``main``.
+
+Every number these functions return is **simulated** (cost model + trace), and the output says so
+(``"kind": "simulated"``). Exploration's effect on convergence is not simulated: iterations to a
+target score are measured on the real tiny task elsewhere; ``time_to_target`` multiplies them by the
+simulated time and cost per iteration.
+
+CLI: ``spotlight simulate --trace FILE --resolution {512,1280} [--ondemand N] [--spot M]
+[--iterations K] [--json]`` (the console script dispatches to ``main``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from roll_spotlight.sim.baselines import BASELINES, get_baseline
+from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
+from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
+from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
+
+DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight")
+SIMULATED_NOTE = ("simulated: cluster time and cost come from the cost model (each constant names its "
+                  "source) and the spot trace; explored rewards are synthetic; convergence is not simulated")
+# Mean time between preemption batches by provider, for what-if runs without a trace file
+# (shared/traces/README.md summary table: Bamboo AWS p3 8.6 min; GCP H100 probes 73 min pooled).
+PROVIDER_MTBP_S = {"aws": 518.0, "gcp": 4380.0, "azure": 4380.0}
+
+_REPORTED = ("time_per_iteration_s", "cost_per_iteration_usd", "spot_idle_fraction",
+             "ondemand_idle_fraction", "preemptions", "regroups")
+
+
+def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, iterations: int,
+             baselines: Sequence[str] = DEFAULT_BASELINES, seed: int = 0,
+             cost_model: CostModel | Mapping[str, Any] | None = None, timeline: bool = False,
+             start_s: float = 0.0, skip_ramp: bool = True, zones: Sequence[str] | None = None,
+             gpus_per_spot_node: int = 1, spot_host_gpus: int = 8, feed: SpotFeed | None = None) -> dict:
+    """Simulate each baseline on the same cluster and trace window; returns a JSON-ready dict.
+
+    ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
+    overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
+    single-GPU trace instances, how many of them share a host (see ``cluster``; 1 = separate VMs).
+    """
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution}")
+    cost = _cost_model(cost_model)
+    specs = [get_baseline(name) for name in baselines]
+    if feed is None:
+        feed = _feed(trace, spot, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
+    config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
+                       gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
+                       record_timeline=timeline)
+    results = {spec.name: ClusterSimulation(spec, config, cost, feed).run() for spec in specs}
+    return {
+        "kind": "simulated",
+        "note": SIMULATED_NOTE,
+        "trace": {"name": feed.name, "provider": feed.provider, "notice_s": feed.notice_s,
+                  "window_s": feed.window_s if math.isfinite(feed.window_s) else None},
+        "cluster": {"ondemand_gpus": ondemand, "spot_gpus": spot, "gpus_per_spot_node": gpus_per_spot_node,
+                    "spot_host_gpus": spot_host_gpus,
+                    "gpu": "H100-class (cost model)", "resolution": resolution},
+        "iterations": iterations,
+        "seed": seed,
+        "phases": phase_summary(cost, resolution, ondemand),
+        "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
+                                    "spot": feed.prices.price("spot").usd_per_gpu_hour},
+        "baselines": {name: _result_dict(r, timeline) for name, r in results.items()},
+    }
+
+
+def _cost_model(cost_model: CostModel | Mapping[str, Any] | None) -> CostModel:
+    if cost_model is None:
+        return CostModel()
+    if isinstance(cost_model, CostModel):
+        return cost_model
+    return CostModel.from_dict(cost_model)
+
+
+def _feed(trace: TraceLike, spot: int, gpus_per_node: int, seed: int, start_s: float, skip_ramp: bool,
+          zones: Sequence[str] | None) -> SpotFeed:
+    nodes = spot // gpus_per_node
+    if trace is None:
+        return fake_feed([(0.0, "up", f"stable{i}") for i in range(nodes)])
+    return spot_feed(trace, spot_nodes=nodes, start_s=start_s, skip_ramp=skip_ramp, zones=zones, seed=seed)
+
+
+def phase_summary(cost: CostModel, resolution: int, ondemand: int) -> dict:
+    """The cost model's phase times for this shape (simulated inputs, for the report)."""
+    degree = cost.preferred_sp(resolution)
+    images = cost.images_per_iteration()
+    return {
+        "image_tokens": cost.image_tokens(resolution),
+        "forward_tflops": cost.forward_flops(resolution) / 1e12,
+        "preferred_sp_degree": degree,
+        "rollout_s_per_image_sp1": cost.rollout_s(resolution, 1),
+        "rollout_s_per_image_preferred_sp": cost.rollout_s(resolution, degree),
+        "images_per_iteration": images,
+        "train_s": cost.train_s(images, resolution, ondemand),
+        "reward_s_per_image": cost.reward_s(),
+        "publish_s": cost.publish_s(),
+        "warm_regroup_s": cost.warm_regroup_s,
+        "cold_restart_s": cost.cold_restart_s(),
+        "cold_join_s": cost.cold_join_s(),
+        "warm_join_s": cost.warm_join_s(peer_on_node=False),
+    }
+
+
+def _result_dict(result: BaselineResult, timeline: bool) -> dict:
+    out = dataclasses.asdict(result)
+    if not timeline:
+        out.pop("timeline")
+    out["kind"] = "simulated"
+    return out
+
+
+def time_to_target(iterations_to_target: Mapping[str, float], sim_result: Mapping[str, Any]) -> dict:
+    """Measured iterations-to-target x simulated time and cost per iteration, per baseline.
+
+    Baselines missing from either side are left out; the output names which part is measured.
+    """
+    out: dict[str, Any] = {"kind": "iterations measured; time and cost per iteration simulated",
+                           "baselines": {}}
+    for name, iters in iterations_to_target.items():
+        sim = sim_result["baselines"].get(name)
+        if sim is None:
+            continue
+        if not iters >= 0:
+            raise ValueError(f"iterations_to_target[{name!r}] must be >= 0, got {iters!r}")
+        out["baselines"][name] = {
+            "iterations_to_target": iters,
+            "time_to_target_s": iters * sim["time_per_iteration_s"],
+            "cost_to_target_usd": iters * sim["cost_per_iteration_usd"],
+        }
+    return out
+
+
+def project(market: TraceLike | str, *, ondemand: int = 8, spot: int = 8, params_b: float = 20.0,
+            resolution: int = 1280, iterations: int = 20, seed: int = 0,
+            baselines: Sequence[str] = DEFAULT_BASELINES, mtbp_s: float | None = None,
+            cost_overrides: Mapping[str, Any] | None = None) -> dict:
+    """What-if for users: time and cost per iteration of each baseline for a cluster shape and model size.
+
+    ``market``: a trace (path or ``Trace``), or a provider name ``"aws" | "gcp" | "azure"``.
+    A provider name replays a synthetic trace with that provider's notice and ``mtbp_s`` (default:
+    the shipped traces' mean time between preemptions for that provider). The model size scales the
+    parameter count and, proportionally, the layer count (hidden size kept), so attention FLOPs
+    scale too.
+    """
+    if not params_b > 0:
+        raise ValueError(f"params_b must be > 0, got {params_b}")
+    cost = CostModel.from_dict(cost_overrides).with_overrides(
+        {"params_b": params_b, "num_layers": max(1, round(60 * params_b / 20.0))}, source="what-if (project)")
+    trace = _market_trace(market, spot, seed, mtbp_s)
+    result = simulate(trace, resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations,
+                      baselines=baselines, seed=seed, cost_model=cost)
+    result["what_if"] = {"market": str(market), "params_b": params_b, "mtbp_s": mtbp_s}
+    return result
+
+
+def _market_trace(market: TraceLike | str, spot: int, seed: int, mtbp_s: float | None) -> TraceLike:
+    if isinstance(market, str) and market.lower() in PROVIDER_MTBP_S:
+        from roll_spotlight.spot.synthetic import synthetic_trace
+
+        provider = market.lower()
+        return synthetic_trace(nodes=max(spot, 1), provider=provider, seed=seed,
+                               mtbp_s=mtbp_s or PROVIDER_MTBP_S[provider], mean_batch=1.0,
+                               replace_delay_s=600.0, zone=f"{provider}-synthetic")
+    return market
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotlight simulate", description=(
+        "Simulate time and cost per Flow-GRPO iteration (Qwen-Image class) for vanilla, exploration on "
+        "the critical path, naive spot and Spotlight on one cluster and spot trace. All numbers are "
+        "simulated."))
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="spot trace file or folder (omit: spot GPUs are never preempted)")
+    parser.add_argument("--resolution", type=int, choices=RESOLUTIONS, required=True)
+    parser.add_argument("--ondemand", type=int, default=8, help="on-demand GPUs (default 8)")
+    parser.add_argument("--spot", type=int, default=8, help="most spot GPUs held at once (default 8)")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--spot-host-gpus", type=int, default=8,
+                        help="single-GPU spot instances sharing one host (1 = separate VMs; default 8)")
+    parser.add_argument("--zone", action="append", default=None, help="keep only this zone (repeatable)")
+    parser.add_argument("--start-s", type=float, default=0.0, help="trace seconds after the ramp to start at")
+    parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
+                        help=f"comma-separated subset of {sorted(BASELINES)}")
+    parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
+    parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
+    parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = json.loads(args.cost.read_text()) if args.cost else None
+    result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
+                      iterations=args.iterations, baselines=[b for b in args.baselines.split(",") if b],
+                      seed=args.seed, cost_model=overrides, timeline=args.timeline,
+                      start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_table(result))
+    return 0
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """A plain-text table of the headline numbers, labelled simulated."""
+    trace = result["trace"]
+    lines = [f"SIMULATED ({result['note']})",
+             f"trace={trace['name']} provider={trace['provider']} resolution={result['cluster']['resolution']} "
+             f"ondemand={result['cluster']['ondemand_gpus']} spot={result['cluster']['spot_gpus']} "
+             f"iterations={result['iterations']}",
+             f"{'baseline':<18}{'s/iter':>10}{'$/iter':>10}{'spot idle':>11}{'od idle':>9}"
+             f"{'preempt':>9}{'regroup':>9}"]
+    for name, r in result["baselines"].items():
+        spot_idle = "-" if r["spot_idle_fraction"] is None else f"{r['spot_idle_fraction']:.1%}"
+        lines.append(f"{name:<18}{r['time_per_iteration_s']:>10.1f}{r['cost_per_iteration_usd']:>10.2f}"
+                     f"{spot_idle:>11}{r['ondemand_idle_fraction']:>9.1%}{r['preemptions']:>9d}"
+                     f"{r['regroups']:>9d}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

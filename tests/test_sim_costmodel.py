@@ -1,0 +1,81 @@
+"""Tier 1: the cost model's constants carry sources, and derived times follow the formulas."""
+import pytest
+
+from roll_spotlight.sim.costmodel import CONSTANTS, CostModel
+
+
+def test_every_constant_names_a_source():
+    for name, constant in CONSTANTS.items():
+        assert constant.source.strip(), name
+        assert constant.unit.strip(), name
+        assert constant.value > 0, name
+    assumptions = [n for n, c in CONSTANTS.items() if c.source.startswith("assumption")]
+    assert "rollout_mfu" in assumptions and "params_b" not in assumptions
+
+
+def test_tokens_and_flops_follow_the_published_architecture():
+    cost = CostModel()
+    assert cost.image_tokens(512) == 1024
+    assert cost.image_tokens(1280) == 6400
+    tokens = 1024 + cost.text_tokens
+    expected = 2 * 20e9 * tokens + 4 * 60 * tokens ** 2 * 3072
+    assert cost.forward_flops(512) == pytest.approx(expected)
+    # attention grows quadratically: the 1280 forward costs more than its token ratio
+    token_ratio = (6400 + cost.text_tokens) / (1024 + cost.text_tokens)
+    assert cost.forward_flops(1280) / cost.forward_flops(512) > token_ratio
+
+
+def test_sp_degree_divides_time_with_an_efficiency_below_one():
+    cost = CostModel()
+    one, four = cost.step_s(1280, 1), cost.step_s(1280, 4)
+    assert one / 4 < four < one / 2
+    assert cost.step_s(1280, 4, cross_node=True) > four
+    assert cost.rollout_s(512) == pytest.approx(cost.sampling_steps * cost.step_s(512, 1))
+
+
+def test_train_time_is_three_forwards_per_trained_step():
+    cost = CostModel()
+    per_image = cost.trained_steps * cost.cfg_forwards * 3.0 * cost.forward_flops(512)
+    expected = 512 * per_image / (8 * 989e12 * cost.train_mfu)
+    assert cost.train_s(512, 512, 8) == pytest.approx(expected)
+    assert cost.train_s(512, 512, 16) == pytest.approx(expected / 2)
+
+
+def test_cold_restart_is_process_start_nccl_and_a_40gb_load():
+    cost = CostModel()
+    assert cost.model_bytes() == pytest.approx(40e9)
+    assert cost.cold_restart_s() == pytest.approx(cost.process_start_s + cost.nccl_init_s + 40e9 / 1e9)
+    assert cost.warm_regroup_s < 1.0 < cost.cold_restart_s()
+    assert cost.warm_join_s(peer_on_node=True) < cost.warm_join_s(peer_on_node=False) < cost.cold_join_s()
+    assert cost.notice_s("aws") == 120.0 and cost.notice_s("gcp") == 30.0
+    with pytest.raises(ValueError, match="unknown provider"):
+        cost.notice_s("ibm")
+
+
+def test_overrides_and_calibration_record_their_source():
+    cost = CostModel.from_dict({"group_size": 8, "reward": "geneval"})
+    assert cost.group_size == 8 and isinstance(cost.group_size, int)
+    assert cost.sources["group_size"] == "override"
+    assert cost.reward_s() == cost.reward_s_geneval
+    measured = cost.calibrate({"warm_regroup_s": 0.04, "cold_restart_s": 95.0}, note="bench 1")
+    assert measured.warm_regroup_s == 0.04
+    assert measured.cold_restart_s() == pytest.approx(95.0)
+    assert measured.sources["warm_regroup_s"] == "measured: bench 1"
+    assert CostModel().warm_regroup_s == 0.5  # the default is untouched
+    small = cost.calibrate({"cold_restart_s": 3.0})
+    assert small.cold_restart_s() == pytest.approx(3.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("bad, match", [({"no_such_key": 1}, "unknown cost-model key"),
+                                        ({"group_size": "8"}, "expected a number"),
+                                        ({"train_mfu": 0}, "must be > 0"),
+                                        ({"reward": "clip"}, "reward must be")])
+def test_bad_overrides_name_the_key(bad, match):
+    with pytest.raises(ValueError, match=match):
+        CostModel.from_dict(bad)
+
+
+def test_table_lists_every_constant():
+    rows = CostModel().table()
+    assert [r["name"] for r in rows] == list(CONSTANTS)
+    assert all(r["source"] for r in rows)

@@ -1,0 +1,91 @@
+"""Tier 1: the simulator's entry points, on fake feeds and on the shipped public traces."""
+import json
+from pathlib import Path
+
+import pytest
+
+from roll_spotlight.sim.run import main, project, simulate, time_to_target
+from roll_spotlight.sim.spotfeed import spot_feed
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+BAMBOO = TRACES / "bamboo-spot-traces" / "aws" / "p3-trace.csv"
+GCP = TRACES / "skynomad-gcp-h100" / "h100_probe_counts_wide.csv"
+SMALL = {"prompts_per_iteration": 8, "group_size": 8}
+
+
+def test_simulate_labels_every_number_simulated():
+    result = simulate(None, resolution=512, ondemand=8, spot=8, iterations=2, cost_model=SMALL)
+    assert result["kind"] == "simulated" and "simulated" in result["note"]
+    assert list(result["baselines"]) == ["vanilla", "explore_critical", "naive_spot", "spotlight"]
+    for name, r in result["baselines"].items():
+        assert r["kind"] == "simulated", name
+        for key in ("time_per_iteration_s", "cost_per_iteration_usd", "spot_idle_fraction",
+                    "ondemand_idle_fraction", "preemptions", "regroups"):
+            assert key in r, (name, key)
+        assert "timeline" not in r
+    json.dumps(result)  # JSON-ready
+
+
+def test_time_to_target_multiplies_measured_iterations_by_simulated_costs():
+    sim = simulate(None, resolution=512, ondemand=8, spot=8, iterations=2, cost_model=SMALL,
+                   baselines=("vanilla", "spotlight"))
+    out = time_to_target({"vanilla": 100, "spotlight": 40, "naive_spot": 50}, sim)
+    assert "measured" in out["kind"] and "simulated" in out["kind"]
+    assert set(out["baselines"]) == {"vanilla", "spotlight"}
+    v = out["baselines"]["vanilla"]
+    assert v["time_to_target_s"] == pytest.approx(100 * sim["baselines"]["vanilla"]["time_per_iteration_s"])
+    assert v["cost_to_target_usd"] == pytest.approx(100 * sim["baselines"]["vanilla"]["cost_per_iteration_usd"])
+    with pytest.raises(ValueError, match="spotlight"):
+        time_to_target({"spotlight": -1}, sim)
+
+
+def test_cli_prints_json_and_table(tmp_path, capsys):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(SMALL))
+    assert main(["--resolution", "512", "--iterations", "2", "--cost", str(cost), "--json",
+                 "--baselines", "vanilla,naive_spot"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kind"] == "simulated" and set(result["baselines"]) == {"vanilla", "naive_spot"}
+    assert main(["--resolution", "1280", "--iterations", "1", "--cost", str(cost),
+                 "--baselines", "vanilla"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("SIMULATED") and "vanilla" in table
+
+
+def test_project_scales_with_model_size():
+    small = project("gcp", ondemand=8, spot=8, params_b=10.0, resolution=512, iterations=2,
+                    baselines=("vanilla",), cost_overrides=SMALL)
+    large = project("gcp", ondemand=8, spot=8, params_b=40.0, resolution=512, iterations=2,
+                    baselines=("vanilla",), cost_overrides=SMALL)
+    t_small = small["baselines"]["vanilla"]["time_per_iteration_s"]
+    t_large = large["baselines"]["vanilla"]["time_per_iteration_s"]
+    assert 3.0 < t_large / t_small < 4.5  # ~4x FLOPs, plus fixed sync and reward time
+    assert small["kind"] == "simulated" and small["what_if"]["params_b"] == 10.0
+    with pytest.raises(ValueError, match="params_b"):
+        project("aws", params_b=0)
+
+
+@pytest.mark.skipif(not BAMBOO.is_file(), reason="shared traces not present")
+def test_bamboo_trace_short_window():
+    result = simulate(BAMBOO, resolution=512, ondemand=8, spot=8, iterations=6, start_s=1800.0,
+                      cost_model={"prompts_per_iteration": 16, "group_size": 16},
+                      baselines=("naive_spot", "spotlight"))
+    feed = spot_feed(BAMBOO, spot_nodes=8, start_s=1800.0)
+    assert result["trace"]["provider"] == "aws" and result["trace"]["notice_s"] == 120.0
+    for name, r in result["baselines"].items():
+        assert r["preemptions"] == feed.preemptions_until(r["sim_end_s"]) >= 1, name
+        assert r["notices"] >= r["preemptions"]
+    naive, spotlight = result["baselines"]["naive_spot"], result["baselines"]["spotlight"]
+    assert spotlight["spot_idle_fraction"] < naive["spot_idle_fraction"]
+    assert spotlight["lost_gpu_s"] <= naive["lost_gpu_s"]
+
+
+@pytest.mark.skipif(not GCP.is_file(), reason="shared traces not present")
+def test_gcp_probe_trace_uses_zone_prices():
+    result = simulate(GCP, resolution=512, ondemand=8, spot=8, iterations=2, zones=["us-central1-b"],
+                      cost_model=SMALL, baselines=("naive_spot",))
+    assert result["trace"]["notice_s"] == 30.0
+    r = result["baselines"]["naive_spot"]
+    od_price, spot_price = 82.52543396 / 8, 18.979008 / 8  # zones.csv / prices/, us-central1
+    expected = r["ondemand_gpu_hours"] * od_price + r["spot_gpu_hours"] * spot_price
+    assert r["ondemand_usd"] + r["spot_usd"] == pytest.approx(expected, rel=1e-4)

@@ -1,0 +1,148 @@
+"""Tier 1: the simulated cluster, driving the runtime's queue, exploration and SP planners."""
+import dataclasses
+import math
+
+import pytest
+
+from roll_spotlight.sim.baselines import get_baseline
+from roll_spotlight.sim.costmodel import CostModel
+from roll_spotlight.sim.run import simulate
+from roll_spotlight.sim.spotfeed import fake_feed
+from roll_spotlight.sim.system import ClusterSimulation, SimConfig
+from roll_spotlight.spot.prices import Price, PriceTable
+
+SMALL = {"prompts_per_iteration": 8, "group_size": 8}
+
+
+def small_cost(**extra):
+    return CostModel.from_dict({**SMALL, **extra})
+
+
+def run_one(name, *, resolution=512, ondemand=8, spot=8, iterations=3, feed=None, cost=None, seed=0, **cfg):
+    feed = feed or fake_feed([(0.0, "up", f"n{i}") for i in range(spot)])
+    config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
+                       **cfg)
+    return ClusterSimulation(get_baseline(name), config, cost or small_cost(), feed).run()
+
+
+def analytic_vanilla_s(cost, resolution, ondemand):
+    """Sum of phases: rollout waves + reward tail + training + weight sync (one 8-GPU node)."""
+    degree = cost.preferred_sp(resolution)
+    workers = ondemand // degree
+    images = cost.images_per_iteration()
+    waves = math.ceil(images / workers)
+    tail = math.ceil(workers / cost.reward_workers) * cost.reward_s()
+    return (waves * cost.rollout_s(resolution, degree) + tail + cost.train_s(images, resolution, ondemand)
+            + cost.local_weight_sync_s)
+
+
+@pytest.mark.parametrize("resolution, ondemand", [(512, 4), (1280, 8)])
+def test_vanilla_iteration_is_the_analytic_sum_of_phases(resolution, ondemand):
+    cost = small_cost()
+    result = run_one("vanilla", resolution=resolution, ondemand=ondemand, spot=0, iterations=3, cost=cost)
+    expected = analytic_vanilla_s(cost, resolution, ondemand)
+    assert result.iteration_times_s == pytest.approx([expected] * 3, rel=1e-9)
+    assert result.time_per_iteration_s == pytest.approx(expected, rel=1e-9)
+    assert result.preemptions == 0 and result.spot_idle_fraction is None
+
+
+def test_exploration_on_the_critical_path_costs_rollout_time():
+    cost = small_cost()
+    vanilla = run_one("vanilla", spot=0, cost=cost)
+    critical = run_one("explore_critical", spot=0, cost=cost)
+    extra_waves = math.ceil(cost.prompts_per_iteration * cost.explore_seeds_critical / 8)
+    assert critical.time_per_iteration_s == pytest.approx(
+        vanilla.time_per_iteration_s + extra_waves * cost.rollout_s(512), rel=1e-9)
+    assert critical.explored_seeds_per_iteration == 8 * (8 + cost.explore_seeds_critical)
+    assert critical.mean_group_reward_std > vanilla.mean_group_reward_std  # max-variance subset
+
+
+def test_spotlight_keeps_spot_gpus_busier_than_naive_spot():
+    naive = run_one("naive_spot", iterations=4)
+    spotlight = run_one("spotlight", iterations=4)
+    assert naive.spot_idle_fraction > 0.4
+    assert spotlight.spot_idle_fraction < naive.spot_idle_fraction / 2
+    assert spotlight.explored_seeds_per_iteration > 0 == naive.explored_seeds_per_iteration
+    # exploration is off the critical path: same time per iteration as naive spot without preemptions
+    assert spotlight.time_per_iteration_s == pytest.approx(naive.time_per_iteration_s, rel=1e-9)
+    assert spotlight.time_per_iteration_s < run_one("vanilla", spot=0).time_per_iteration_s
+
+
+def test_cost_prices_spot_and_ondemand_hours_separately():
+    prices = PriceTable("H100", {"ondemand": Price(10.0, "test"), "spot": Price(2.0, "test")})
+    feed = dataclasses.replace(fake_feed([(0.0, "up", f"n{i}") for i in range(4)]), prices=prices)
+    result = run_one("naive_spot", spot=4, feed=feed)
+    end_h = result.sim_end_s / 3600
+    assert result.ondemand_gpu_hours == pytest.approx(8 * end_h)
+    assert result.spot_gpu_hours == pytest.approx(4 * end_h)
+    assert result.ondemand_usd == pytest.approx(10.0 * 8 * end_h)
+    assert result.spot_usd == pytest.approx(2.0 * 4 * end_h)
+    assert result.cost_per_iteration_usd == pytest.approx((10.0 * 8 + 2.0 * 4) * end_h / 3)
+    dearer = dataclasses.replace(feed, prices=PriceTable("H100", {"ondemand": Price(10.0, "t"),
+                                                                   "spot": Price(10.0, "t")}))
+    assert run_one("naive_spot", spot=4, feed=dearer).spot_usd == pytest.approx(5 * result.spot_usd)
+
+
+def _mid_run_preemption_feed(base, cost):
+    """Spot node n0 reclaimed 80% into the first spot rollout run of iteration 1 (timed from a
+    clean run), with a notice at 50%: the run in flight cannot finish by the deadline."""
+    run_s = cost.rollout_s(1280, 4)
+    train_end = base.iteration_times_s[0] - cost.local_weight_sync_s
+    first_run = train_end + cost.publish_s()  # spot workers wait for the new weights
+    rows = [(0.0, "up", f"n{i}") for i in range(8)] + [(first_run + 0.8 * run_s, "down", "n0")]
+    return fake_feed(rows, notice_s=0.3 * run_s)
+
+
+def test_commit_on_notice_saves_work_and_warm_regroup_avoids_restarts():
+    cost = small_cost()
+    clean = run_one("spotlight", resolution=1280, iterations=3, cost=cost)
+    feed = _mid_run_preemption_feed(clean, cost)
+    naive = run_one("naive_spot", resolution=1280, iterations=3, feed=feed, cost=cost)
+    spotlight = run_one("spotlight", resolution=1280, iterations=3, feed=feed, cost=cost)
+    assert naive.preemptions == spotlight.preemptions == 1
+    assert naive.notices == spotlight.notices == 1
+    assert spotlight.commits == 1 and naive.commits == 0
+    # naive loses 80% of a run on 4 GPUs; spotlight only the part of a step past the last boundary
+    assert naive.lost_gpu_s == pytest.approx(0.8 * cost.rollout_s(1280, 4) * 4, rel=1e-6)
+    assert spotlight.lost_gpu_s < 4 * cost.step_s(1280, 4)
+    assert naive.cold_restarts == 1 and spotlight.cold_restarts == 0
+    assert spotlight.regroups >= 1
+    assert spotlight.time_per_iteration_s < naive.time_per_iteration_s
+
+
+def test_preemptions_match_the_feed_within_the_window():
+    rows = [(0.0, "up", f"n{i}") for i in range(6)]
+    rows += [(20.0, "down", "n0"), (45.0, "down", "n1"), (46.0, "up", "n6"), (70.0, "down", "n2"),
+             (1e9, "down", "n3")]
+    feed = fake_feed(rows, notice_s=30.0)
+    for name in ("naive_spot", "spotlight"):
+        result = run_one(name, spot=6, iterations=4, feed=feed)
+        assert result.preemptions == feed.preemptions_until(result.sim_end_s) >= 2
+
+
+def test_deterministic_by_seed():
+    feed = fake_feed([(0.0, "up", f"n{i}") for i in range(8)] + [(30.0, "down", "n3")])
+    first = simulate(None, feed=feed, resolution=512, ondemand=8, spot=8, iterations=3, seed=7,
+                     baselines=("spotlight",), cost_model=SMALL)
+    again = simulate(None, feed=feed, resolution=512, ondemand=8, spot=8, iterations=3, seed=7,
+                     baselines=("spotlight",), cost_model=SMALL)
+    other = simulate(None, feed=feed, resolution=512, ondemand=8, spot=8, iterations=3, seed=8,
+                     baselines=("spotlight",), cost_model=SMALL)
+    assert first == again
+    assert (first["baselines"]["spotlight"]["mean_group_reward_std"]
+            != other["baselines"]["spotlight"]["mean_group_reward_std"])
+
+
+def test_timeline_intervals_cover_billed_time():
+    result = run_one("spotlight", iterations=2, record_timeline=True)
+    assert result.timeline
+    spot_s = sum(end - start for gpu, start, end, _ in result.timeline if gpu.startswith("spothost"))
+    assert spot_s == pytest.approx(result.spot_gpu_hours * 3600, rel=1e-9)
+    assert {phase for *_, phase in result.timeline} >= {"rollout", "explore", "train"}
+
+
+def test_config_rejects_impossible_shapes():
+    with pytest.raises(ValueError, match="ondemand"):
+        SimConfig(resolution=512, ondemand=0, spot=8, iterations=1)
+    with pytest.raises(ValueError, match="unknown baseline"):
+        get_baseline("fastest")
