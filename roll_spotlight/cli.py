@@ -50,14 +50,106 @@ def cmd_pretrain(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    from roll_spotlight.training.loop import run_training
+def _resume_point(run_dir: Path) -> Path:
+    """The newest complete checkpoint of a run directory (half-written ones end in .tmp)."""
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("iter-*") if not p.name.endswith(".tmp"))
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoint under {run_dir / 'checkpoints'}: nothing to resume")
+    return ckpts[-1]
 
-    cfg = _load_run_config(args.config, args.override)
+
+def cmd_train(args) -> int:
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg = _load_run_config(str(run_dir / "config.yaml"), args.override)
+    else:
+        cfg = _load_run_config(args.config, args.override)
+        run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     _set_threads(args.threads)
-    run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
-    result = run_training(cfg, run_dir, progress=not args.no_progress)
+    result = _train(cfg, run_dir, args, _resume_point(run_dir) if args.resume else None)
     print(json.dumps(result.summary(), indent=2))
+    return 0
+
+
+def _train(cfg, run_dir: Path, args, resume: Path | None):
+    from roll_spotlight.runtime.coordinator import Coordinator
+    from roll_spotlight.training.pretrain import base_path, load_or_pretrain
+
+    progress = not args.no_progress
+    policy, _ = load_or_pretrain(cfg, progress=progress)
+    _write_run_config(cfg, run_dir)
+    if getattr(args, "ray", False) or getattr(args, "address", None):
+        from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
+
+        cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers)
+        backend = RayBackend(cfg, base_path(cfg), cluster)
+    else:
+        from roll_spotlight.runtime.local import LocalBackend
+
+        backend = LocalBackend(cfg, policy)
+    coordinator = Coordinator(cfg, backend, run_dir, progress=progress)
+    if resume is not None:
+        coordinator.resume(resume)
+    try:
+        return coordinator.run()
+    finally:
+        backend.close()
+
+
+def _write_run_config(cfg, run_dir: Path) -> None:
+    """The resolved config beside the run (what `--resume` reads back). Owner-only permissions."""
+    from omegaconf import OmegaConf
+
+    from roll_spotlight.configuration import to_dict
+
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+
+
+def cmd_quickstart(args) -> int:
+    """Pretrain (or load) the tiny base, train on Ray with the quickstart config, write the report."""
+    from roll_spotlight.report import write_report
+
+    config = args.config or "configs/quickstart.yaml"
+    cfg = _load_run_config(config, args.override)
+    _set_threads(1)
+    run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
+    args.ray, args.address = True, None
+    result = _train(cfg, run_dir, args, None)
+    report = write_report(run_dir)
+    print(json.dumps(result.summary(), indent=2))
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from roll_spotlight.report import write_report
+
+    print(write_report(Path(args.run_dir)))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Mechanism benchmarks; each prints JSON (measured on this machine)."""
+    import importlib
+
+    modules = {"planner": "roll_spotlight.exploration.bench", "regroup": "roll_spotlight.elastic.bench"}
+    if args.name not in modules:
+        raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
+    return importlib.import_module(modules[args.name]).main(args.rest)
+
+
+def cmd_simulate(args) -> int:
+    """Cluster time and cost per iteration by simulation (every figure labelled simulated)."""
+    from roll_spotlight.sim.run import main as simulate_main
+
+    return simulate_main(args.rest)
+
+
+def cmd_traces(args) -> int:
+    from roll_spotlight.spot import summarize_shipped_traces
+
+    print(json.dumps(summarize_shipped_traces(Path(args.root)), indent=2))
     return 0
 
 
@@ -80,7 +172,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run Flow-GRPO training from a YAML config")
     _add_config_args(p)
     p.add_argument("--run-dir", help="run directory (default: output_dir/exp_name)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    p.add_argument("--ray", action="store_true", help="run on Ray actors (local cluster unless --address)")
+    p.add_argument("--address", help="join an existing Ray cluster (implies --ray)")
+    p.add_argument("--workers", type=int, default=2, help="on-demand rollout workers with --ray")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("quickstart", help="the embedded default: tiny task on a local Ray, with a report")
+    _add_config_args(p, default="")
+    p.add_argument("--run-dir")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(func=cmd_quickstart)
+    p = sub.add_parser("report", help="write RUN_DIR/report.md with PNG plots")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("bench", help="mechanism benchmarks: planner, regroup")
+    p.add_argument("name")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("simulate", help="simulate time and cost per iteration for the four baselines",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_simulate)
+    p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
+    p.add_argument("root")
+    p.set_defaults(func=cmd_traces)
     return parser
 
 
@@ -93,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"spotlight: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,100 @@
+"""`spotlight report RUN_DIR`: a Markdown report with PNG plots of one run (all figures measured).
+
+Plots: training reward and validation reward (with standard errors) per iteration; strict accuracy;
+and a per-worker timeline of rollout, reward, train and validation phases (idle is the gaps).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from roll_spotlight.training.metrics import read_metrics
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(rows: list[dict], path: Path) -> None:
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    train = [r for r in rows if "reward_mean" in r]
+    val = [r for r in rows if "val_reward" in r]
+    ax1.plot([r["step"] for r in train], [r["reward_mean"] for r in train], label="training reward (mean)")
+    ax1.errorbar([r["step"] for r in val], [r["val_reward"] for r in val], yerr=[r["val_reward_se"] for r in val],
+                 capsize=2, marker="o", label="validation reward")
+    ax1.set(xlabel="iteration", ylabel="reward", title="reward (measured)")
+    ax1.legend()
+    ax2.plot([r["step"] for r in val], [r["val_strict"] for r in val], marker="o")
+    ax2.set(xlabel="iteration", ylabel="strict accuracy", title="validation strict accuracy (measured)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+PHASE_COLORS = {"rollout": "tab:blue", "explore": "tab:cyan", "reward": "tab:orange", "train": "tab:red",
+                "validate": "tab:green", "wait_rollouts": "lightgrey"}
+
+
+def plot_timeline(events: list[dict], path: Path) -> None:
+    plt = _plt()
+    workers = sorted({e["worker"] for e in events})
+    t0 = min(e["start"] for e in events)
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(workers) + 1.5))
+    for row, worker in enumerate(workers):
+        for e in (e for e in events if e["worker"] == worker):
+            ax.barh(row, e["end"] - e["start"], left=e["start"] - t0, color=PHASE_COLORS.get(e["phase"], "k"))
+    ax.set_yticks(range(len(workers)), workers)
+    ax.set(xlabel="seconds since start", title="per-worker timeline (measured; gaps are idle)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLORS.values()]
+    ax.legend(handles, PHASE_COLORS.keys(), loc="upper right", fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def busy_fractions(events: list[dict]) -> dict[str, float]:
+    if not events:
+        return {}
+    span = max(e["end"] for e in events) - min(e["start"] for e in events)
+    busy: dict[str, float] = {}
+    for e in events:
+        if e["phase"] != "wait_rollouts":
+            busy[e["worker"]] = busy.get(e["worker"], 0.0) + e["end"] - e["start"]
+    return {w: b / span for w, b in busy.items()} if span > 0 else {}
+
+
+def write_report(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a run directory?")
+    rows = read_metrics(run_dir)
+    plot_curves(rows, run_dir / "curves.png")
+    lines = [f"# Run report: {run_dir.name}", "", "All figures are measured on the machine that ran it.", ""]
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        lines += _summary_lines(json.loads(summary_path.read_text()))
+    lines += ["![curves](curves.png)", ""]
+    timeline_path = run_dir / "timeline.json"
+    if timeline_path.is_file() and (events := json.loads(timeline_path.read_text())):
+        plot_timeline(events, run_dir / "timeline.png")
+        lines += ["## Timeline", "", "| worker | busy fraction |", "|---|---|"]
+        lines += [f"| {w} | {f:.2f} |" for w, f in sorted(busy_fractions(events).items())]
+        lines += ["", "![timeline](timeline.png)", ""]
+    out = run_dir / "report.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    b, f, p = summary["base"], summary["final"], summary["paired"]
+    return ["| | validation reward | strict accuracy |", "|---|---|---|",
+            f"| base | {b['val_reward']:.4f} ± {b['val_reward_se']:.4f} | {b['val_strict']:.3f} |",
+            f"| final | {f['val_reward']:.4f} ± {f['val_reward_se']:.4f} | {f['val_strict']:.3f} |", "",
+            f"Paired gain: {p['gain']:+.4f} ± {p['gain_se']:.4f} (z = {p['z']:.1f}); "
+            f"strict accuracy change {p['strict_change']:+.3f}.", ""]
