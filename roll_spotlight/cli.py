@@ -62,9 +62,11 @@ def cmd_train(args) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         cfg = _load_run_config(str(run_dir / "config.yaml"), args.override)
-    else:
+    elif args.config:
         cfg = _load_run_config(args.config, args.override)
         run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
+    else:
+        raise ValueError("spotlight train needs --config FILE or --resume RUN_DIR")
     _set_threads(args.threads)
     result = _train(cfg, run_dir, args, _resume_point(run_dir) if args.resume else None)
     print(json.dumps(result.summary(), indent=2))
@@ -170,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_pretrain)
     p = sub.add_parser("train", help="run Flow-GRPO training from a YAML config")
-    _add_config_args(p)
+    _add_config_args(p, default="")
     p.add_argument("--run-dir", help="run directory (default: output_dir/exp_name)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     p.add_argument("--ray", action="store_true", help="run on Ray actors (local cluster unless --address)")

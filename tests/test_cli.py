@@ -1,0 +1,57 @@
+"""The `spotlight` command: cheap import, clear start-up errors, a full tiny run with a report."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from roll_spotlight.cli import main
+from tests.runtime_helpers import TINY_OVERRIDES, REPO
+
+
+def test_import_is_cheap():
+    code = "import sys, roll_spotlight, roll_spotlight.cli, roll_spotlight.training.config; " \
+           "print(sorted(m for m in ('torch', 'ray', 'diffusers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.group_sise=4", "train.group_sise"),
+    ("train.group_size=1", "train.group_size"),
+    ("sampling.noise_level=fast", "sampling.noise_level"),
+    ("model.axes_dims_rope=[8,8,8]", "model.axes_dims_rope"),
+])
+def test_bad_config_fails_at_start_naming_the_key(tmp_path, capsys, override, key):
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(REPO / "configs" / "tiny_shapes.yaml"), "-o", override,
+                 "--run-dir", str(run_dir)])
+    assert code == 2
+    assert key in capsys.readouterr().err
+    assert not run_dir.exists(), "a failed start must not leave a run directory behind"
+
+
+def test_missing_config_and_resume(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    assert "config.yaml" in capsys.readouterr().err
+
+
+def test_train_report_and_resume(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPOTLIGHT_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    args = ["train", "--config", str(REPO / "configs" / "tiny_shapes.yaml"), "--run-dir", str(run_dir),
+            "--no-progress", "--threads", "1", "-o", "pretrain.steps=3", "-o", "pretrain.eval_samples=4",
+            "-o", "save_steps=1", *[x for o in TINY_OVERRIDES for x in ("-o", o)]]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary) >= {"base", "final", "paired"}
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "iter-000002").is_dir()
+    assert main(["report", str(run_dir)]) == 0
+    report = (run_dir / "report.md").read_text()
+    assert "Paired gain" in report and (run_dir / "curves.png").stat().st_size > 0
+    assert (run_dir / "timeline.png").is_file()
+    assert main(["train", "--resume", str(run_dir), "--no-progress", "-o", "max_steps=3"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
