@@ -111,10 +111,18 @@ class RolloutWorker:
     `serve()` runs the pull loop (in one of the actor's threads) until `stop()`, or until a
     preemption notice arrives: then the worker finishes the denoising step it is in, commits the
     in-flight state to the queue (another worker resumes it) and returns.
+
+    `unsaved_steps()` says how many denoising steps of the lease in hand are not yet in the queue
+    (neither committed nor checkpointed): what a kill right now would throw away. The spot pool
+    reads it just before it kills a worker, to count lost work.
+
+    `hold_at_step` is deterministic failure injection for tests (as torchft's `fail_at`): a lease
+    that reaches that step index parks the worker after the step until `notify_preemption()` or
+    `stop()` (or a kill), and `wait_held()` returns once it is parked.
     """
 
     def __init__(self, name: str, policy_path: str, queue, store, *, threads: int = 1,
-                 commit_every: int = 0, kinds=None):
+                 commit_every: int = 0, kinds=None, hold_at_step: int | None = None):
         from roll_spotlight.dispatch.actor import QueueClient
         from roll_spotlight.runtime.executor import RolloutExecutor
 
@@ -125,6 +133,10 @@ class RolloutWorker:
         self.version: int | None = None
         self._stop = threading.Event()
         self._notice = threading.Event()
+        self._hold_at = hold_at_step
+        self._held = threading.Event()
+        self._release = threading.Event()
+        self._progress: tuple[int, int] | None = None  # (steps reached, last step the queue holds)
         self.events: list[dict] = []
         self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
 
@@ -152,8 +164,11 @@ class RolloutWorker:
         from roll_spotlight.runtime.executor import Finished
 
         t0 = time.time()
+        start = lease.resume.step_index if lease.resume is not None else 0
+        self._progress = (start, start)
         self._ensure_version(lease.request.weight_version)
-        outcome = self.executor.run(lease, self._notice.is_set, on_checkpoint=self.client.checkpoint)
+        outcome = self.executor.run(lease, self._should_stop, on_checkpoint=self._checkpoint)
+        self._progress = (start + outcome.steps_run, self._progress[1])
         self.counters["steps"] += outcome.steps_run
         if isinstance(outcome, Finished):
             self.client.complete(lease, outcome.output)
@@ -161,15 +176,38 @@ class RolloutWorker:
         else:
             self.client.commit(outcome.state)
             self.counters["committed"] += 1
+        self._progress = None
         self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
+
+    def _should_stop(self) -> bool:
+        """Polled by the executor after every step but the last: counts progress, honours a hold."""
+        step, durable = self._progress
+        self._progress = (step + 1, durable)
+        if step + 1 == self._hold_at:
+            self._held.set()
+            self._release.wait()
+        return self._notice.is_set()
+
+    def _checkpoint(self, state) -> None:
+        self.client.checkpoint(state)
+        self._progress = (self._progress[0], state.step_index)
 
     def notify_preemption(self, seconds_left: float) -> None:
         """A preemption notice: stop after the current step and commit (see `serve`)."""
         self.client.handle.notify_preemption.remote(self.name, seconds_left)
         self._notice.set()
+        self._release.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._release.set()
+
+    def unsaved_steps(self) -> int:
+        progress = self._progress
+        return 0 if progress is None else progress[0] - progress[1]
+
+    def wait_held(self, timeout_s: float) -> bool:
+        return self._held.wait(timeout_s)
 
     def stats(self) -> dict:
         return dict(self.counters)

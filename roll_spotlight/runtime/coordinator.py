@@ -11,6 +11,7 @@ The backend decides where each phase runs (in process, or on Ray actors); the lo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -23,6 +24,8 @@ import numpy as np
 
 from roll_spotlight.configuration import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
+from roll_spotlight.exploration import RankMonitor
+from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
 from roll_spotlight.training.config import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain
 from roll_spotlight.training.metrics import MetricsWriter
@@ -39,8 +42,11 @@ class Backend(Protocol):
 
     def rollouts(self, specs: list[RequestSpec]) -> list: ...  # RolloutOutput, request-id order
     def score(self, images: np.ndarray, prompts: list[str]): ...  # RewardOutput
-    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray,
-              rewards: np.ndarray) -> dict: ...  # one update; publishes weight_version + 1
+    def explore(self, specs: list[RequestSpec]) -> list: ...  # like rollouts, under the specs' version
+    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray,
+                    rewards: np.ndarray): ...  # one update; publishes weight_version + 1 when done
+    def training(self, handle) -> bool: ...  # is the update still running (exploration may go on)?
+    def finish_train(self, handle) -> dict: ...
     def evaluate(self) -> Evaluation: ...
     def save_checkpoint(self, path: Path) -> None: ...
     def load_checkpoint(self, path: Path) -> None: ...
@@ -87,6 +93,10 @@ class Coordinator:
         self.start_iteration = 1
         self.base: Evaluation | None = None
         self.last: Evaluation | None = None
+        self.pending: ExplorationRound | None = None
+        self.fallback_active = False
+        self.rank_monitor = RankMonitor(threshold=cfg.exploration.rank_threshold,
+                                        fallback=cfg.exploration.fallback, min_pairs=4)
 
     def run(self) -> RunResult:
         from tqdm import tqdm
@@ -112,18 +122,92 @@ class Coordinator:
     def iteration(self, it: int) -> dict:
         t0 = time.monotonic()
         specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
-        outputs = self.backend.rollouts(specs)
+        stats: dict = {}
+        if self._mode() == "fresh":
+            specs, outputs, stats["explored_seeds"] = self._explore_fresh(specs, it)
+        else:
+            specs = self._apply_selection(specs)
+            outputs = self.backend.rollouts(specs)
         t_roll = time.monotonic()
         prompts = [s.prompt for s in specs]
         scored = self.backend.score(np.stack([o.image for o in outputs]), prompts)
         rewards = np.asarray(scored.rewards, dtype=np.float64)
+        stats |= self._rank_check(specs, rewards)
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
-        stats = self.backend.train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards)
+        handle = self.backend.start_train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards)
+        if self._mode() == "stale":
+            stats["explored_seeds"] = self._explore_next(it, handle)
+        stats |= self.backend.finish_train(handle)
         t_train = time.monotonic()
         return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
                         "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}
+
+    # --- exploration (DESIGN.md section 3) ---------------------------------------------------
+    def _mode(self) -> str:
+        """The exploration mode in force: the configured one, or the fallback after a rank drop."""
+        mode = self.cfg.exploration.mode
+        if self.fallback_active and mode == "stale":
+            return "fresh" if self.cfg.exploration.fallback == "fresh" else "off"
+        return mode
+
+    def _round(self, specs: list[RequestSpec], it: int, version: int) -> ExplorationRound:
+        g = self.cfg.train.group_size
+        prompts = [(s.prompt_id, s.prompt) for s in specs[::g]]
+        return ExplorationRound(self.cfg.exploration, g, prompts, specs[0].schedule, version, it, self.cfg.seed)
+
+    def _explore_next(self, it: int, handle) -> int:
+        """While iteration `it` trains: explore the prompts of it+1 with the weights of `it`."""
+        if it >= self.cfg.max_steps:
+            self.pending = None
+            return 0
+        nxt = iteration_specs(self.cfg, self.pool, it + 1, self.backend.weight_version)
+        self.pending = self._round(nxt, it + 1, self.backend.weight_version)
+        return self.pending.run(self.backend, keep_going=lambda: self.backend.training(handle))
+
+    def _explore_fresh(self, specs: list[RequestSpec], it: int):
+        """Exploration on the critical path: explore with the current weights, train on the selection."""
+        rnd = self._round(specs, it, self.backend.weight_version)
+        explored = rnd.run(self.backend)
+        chosen = self._with_seeds(specs, rnd.selection())
+        missing = [s for s, slot in zip(chosen, self._slots(chosen)) if (slot, s.seed) not in rnd.explored]
+        extra = dict(zip((s.seed for s in missing), self.backend.rollouts(missing))) if missing else {}
+        outputs = [rnd.explored[(slot, s.seed)].output if (slot, s.seed) in rnd.explored else extra[s.seed]
+                   for s, slot in zip(chosen, self._slots(chosen))]
+        return chosen, outputs, explored
+
+    def _slots(self, specs: list[RequestSpec]) -> list[int]:
+        return [i // self.cfg.train.group_size for i in range(len(specs))]
+
+    def _with_seeds(self, specs: list[RequestSpec], selection: dict[int, list[int]]) -> list[RequestSpec]:
+        return [dataclasses.replace(s, seed=selection[slot][i % self.cfg.train.group_size])
+                for i, (s, slot) in enumerate(zip(specs, self._slots(specs)))]
+
+    def _apply_selection(self, specs: list[RequestSpec]) -> list[RequestSpec]:
+        """Stale mode: regenerate the seeds chosen while the previous iteration trained."""
+        if self._mode() != "stale" or self.pending is None:
+            return specs
+        return self._with_seeds(specs, self.pending.selection())
+
+    def _rank_check(self, specs: list[RequestSpec], fresh: np.ndarray) -> dict:
+        """Stale vs fresh rewards of the same seeds: Spearman/Kendall, and the fallback switch."""
+        if self._mode() != "stale" or self.pending is None:
+            return {}
+        slots = self._slots(specs)
+        stale = [self.pending.explored.get((slot, s.seed)) for s, slot in zip(specs, slots)]
+        pairs = [(e.reward, f, slot) for e, f, slot in zip(stale, fresh, slots) if e is not None]
+        self.pending = None
+        if not pairs:
+            return {}
+        st, fr, groups = (list(x) for x in zip(*pairs))
+        report = self.rank_monitor.update(np.array(st), np.array(fr), groups=np.array(groups))
+        if report.fallback_active and not self.fallback_active:
+            log.warning("rank correlation fell below the threshold; falling back to %s seeds: %s",
+                        self.cfg.exploration.fallback, report.message)
+        self.fallback_active = report.fallback_active
+        return {"rank_spearman": report.spearman, "rank_kendall": report.kendall, "rank_pairs": report.n,
+                "rank_fallback": float(report.fallback_active)}
 
     def checkpoint(self, it: int) -> Path:
         """Weights, optimiser, iteration and curve; everything else is a function of (seed, t)."""
@@ -132,6 +216,8 @@ class Coordinator:
         tmp.mkdir(parents=True, exist_ok=True)
         self.backend.save_checkpoint(tmp / "backend.pt")
         meta = {"iteration": it, "curve": self.curve, "base": _eval_dump(self.base), "last": _eval_dump(self.last),
+                "pending": None if self.pending is None else round_state(self.pending),
+                "fallback_active": self.fallback_active, "rank_history": self.rank_monitor.history,
                 "weight_version": self.backend.weight_version, "config": to_dict(self.cfg)}
         (tmp / "meta.json").write_text(json.dumps(meta))
         if path.exists():  # a resumed run re-reaching a saved iteration replaces it
@@ -145,6 +231,9 @@ class Coordinator:
         self.start_iteration = meta["iteration"] + 1
         self.curve = meta["curve"]
         self.base, self.last = _eval_load(meta["base"]), _eval_load(meta["last"])
+        self.pending = ResumedRound(meta["pending"]) if meta.get("pending") else None
+        self.fallback_active = bool(meta.get("fallback_active", False))
+        self.rank_monitor.history[:] = meta.get("rank_history", [])
         self.writer.truncate_after(meta["iteration"])
 
     @staticmethod

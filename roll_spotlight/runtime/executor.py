@@ -20,20 +20,7 @@ import torch
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutState, SdeWindow, Trajectory, rollout, sigma_schedule
-
-
-@dataclass(frozen=True)
-class RolloutOutput:
-    """What a finished request returns: everything training needs, as numpy (cheap to ship)."""
-
-    request_id: int
-    seed: int
-    latents: np.ndarray  # (T+1, N, C) float32, x_0 (noise) .. x_T
-    log_probs: np.ndarray  # (T,) float32, 0 on ODE steps
-    noised: np.ndarray  # (T,) bool
-    image: np.ndarray  # (H, W, 3) uint8
-    weight_version: int
-    resumed_from: int  # step the final lease started at (0 = not resumed)
+from roll_spotlight.runtime.outputs import RolloutOutput  # torch-free: the queue actor unpickles it
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ class LocalBackend:
         self.core = TrainerCore(cfg, policy)
         self.queue = RequestQueue(QueueConfig())
         self.executor = RolloutExecutor(policy)
+        self.stale: RolloutExecutor | None = None
+        self.stale_version: int | None = None
         self._timeline: list[dict] = []
 
     @property
@@ -32,19 +34,29 @@ class LocalBackend:
     def _phase(self, phase: str, start: float) -> None:
         self._timeline.append({"worker": WORKER, "phase": phase, "start": start, "end": time.monotonic()})
 
-    def rollouts(self, specs) -> list:
+    def rollouts(self, specs, phase: str = "rollout") -> list:
         t0 = time.monotonic()
         ids = self.queue.submit(specs)
         self.executor.invalidate()  # weights changed since the last iteration
         while leases := self.queue.pull(WORKER, 1):
-            outcome = self.executor.run(leases[0])
+            outcome = self._executor_for(leases[0].request.weight_version).run(leases[0])
             assert isinstance(outcome, Finished), "the local worker is never preempted"
             self.queue.complete(leases[0].result(outcome.output))
         done = {c.request.request_id: c.output for c in self.queue.take_results()}
         outputs = [done[i] for i in ids]
         self.queue.forget_finished()
-        self._phase("rollout", t0)
+        self._phase(phase, t0)
         return outputs
+
+    def explore(self, specs) -> list:
+        return self.rollouts(specs, phase="explore")
+
+    def _executor_for(self, version: int) -> RolloutExecutor:
+        """The current weights, or the copy kept from before the last update (stale exploration)."""
+        if version == self.core.weight_version:
+            return self.executor
+        assert self.stale is not None and version == self.stale_version, f"weight version {version} is not held"
+        return self.stale
 
     def score(self, images: np.ndarray, prompts: list[str]):
         t0 = time.monotonic()
@@ -52,11 +64,33 @@ class LocalBackend:
         self._phase("reward", t0)
         return out
 
-    def train(self, outputs, prompts, group_ids, rewards) -> dict:
+    def start_train(self, outputs, prompts, group_ids, rewards) -> dict:
+        """Runs the update now; keeps the pre-update weights when exploration will need them."""
+        if self.core.cfg.exploration.mode == "stale":
+            self._keep_stale_copy()
         t0 = time.monotonic()
         metrics = self.core.train(outputs, prompts, group_ids, rewards)
         self._phase("train", t0)
         return metrics
+
+    def training(self, handle) -> bool:
+        """In one process exploration runs after the update, bounded by its seed budget only."""
+        return True
+
+    def finish_train(self, handle) -> dict:
+        return handle
+
+    def train(self, outputs, prompts, group_ids, rewards) -> dict:
+        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards))
+
+    def _keep_stale_copy(self) -> None:
+        import copy
+
+        if self.stale is None:
+            self.stale = RolloutExecutor(copy.deepcopy(self.core.policy))
+        self.stale.policy.load_state_dict(self.core.policy.state_dict())
+        self.stale.invalidate()
+        self.stale_version = self.core.weight_version
 
     def evaluate(self):
         t0 = time.monotonic()

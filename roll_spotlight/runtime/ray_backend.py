@@ -89,6 +89,10 @@ class RayBackend:
     def _policy_path(self) -> str:
         return self._path
 
+    def explore(self, specs) -> list:
+        """Explore requests carry the stale version; the weight store still holds it."""
+        return self.rollouts(specs)
+
     def rollouts(self, specs) -> list:
         t0 = time.time()
         ids = ray.get(self.queue.submit.remote(specs))
@@ -104,10 +108,20 @@ class RayBackend:
     def score(self, images: np.ndarray, prompts: list[str]):
         return ray.get(self.reward.score.remote(images, prompts))
 
-    def train(self, outputs, prompts, group_ids, rewards) -> dict:
-        metrics = ray.get(self.trainer.train.remote(outputs, prompts, group_ids, rewards))
+    def start_train(self, outputs, prompts, group_ids, rewards):
+        return self.trainer.train.remote(outputs, prompts, group_ids, rewards)
+
+    def training(self, handle) -> bool:
+        ready, _ = ray.wait([handle], timeout=0)
+        return not ready
+
+    def finish_train(self, handle) -> dict:
+        metrics = ray.get(handle)
         self.weight_version = ray.get(self.trainer.weight_version.remote())
         return metrics
+
+    def train(self, outputs, prompts, group_ids, rewards) -> dict:
+        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards))
 
     def evaluate(self):
         return ray.get(self.trainer.evaluate.remote())

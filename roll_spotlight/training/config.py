@@ -122,6 +122,36 @@ class PretrainConfig:
 
 
 @dataclass
+class ExplorationConfig:
+    """Seed exploration (DESIGN.md section 3).
+
+    mode: "off" (vanilla Flow-GRPO: group_size random seeds per prompt); "fresh" (explore the prompts
+    of iteration t with the current weights on the critical path, train on the max-variance subset);
+    "stale" (Spotlight: while iteration t trains, explore the prompts of t+1 with the weights of t,
+    then regenerate the selected seeds with fresh weights at t+1).
+    `seeds_per_prompt` is the exploration budget, in explored seeds per prompt on average; the
+    planner decides how to spend it. Below `rank_threshold` (Spearman, stale vs fresh rewards of the
+    same seeds) the run falls back to `fallback` seeds and says so.
+    """
+
+    mode: Literal["off", "fresh", "stale"] = "off"
+    planner: Literal["bandit", "uniform"] = "bandit"
+    seeds_per_prompt: int = 16
+    seeds_per_pull: int = 4
+    min_seeds_before_abandon: int = 4
+    rank_threshold: float = 0.0
+    fallback: Literal["random", "fresh"] = "random"
+
+    def __post_init__(self) -> None:
+        _require(self.seeds_per_prompt >= 1, "exploration.seeds_per_prompt", self.seeds_per_prompt, "must be >= 1")
+        _require(self.seeds_per_pull >= 1, "exploration.seeds_per_pull", self.seeds_per_pull, "must be >= 1")
+        _require(self.min_seeds_before_abandon >= 2, "exploration.min_seeds_before_abandon",
+                 self.min_seeds_before_abandon, "must be >= 2")
+        _require(-1.0 <= self.rank_threshold <= 1.0, "exploration.rank_threshold", self.rank_threshold,
+                 "must be in [-1, 1]")
+
+
+@dataclass
 class RunConfig:
     """A whole run: ROLL-style top-level keys plus one section per component."""
 
@@ -139,6 +169,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     train: GRPOConfig = field(default_factory=GRPOConfig)
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.exp_name), "exp_name", self.exp_name, "must be non-empty")
@@ -147,3 +178,6 @@ class RunConfig:
         _require(self.save_steps >= 0, "save_steps", self.save_steps, "must be >= 0 (0 = never)")
         _require(self.rollout_batch_size >= 1, "rollout_batch_size", self.rollout_batch_size, "must be >= 1")
         _require(self.track_with in TRACKERS, "track_with", self.track_with, f"must be one of {TRACKERS}")
+        if self.exploration.mode != "off":
+            _require(self.exploration.seeds_per_prompt >= self.train.group_size, "exploration.seeds_per_prompt",
+                     self.exploration.seeds_per_prompt, f"must be >= train.group_size={self.train.group_size}")

@@ -1,0 +1,92 @@
+"""One round of seed exploration for a batch of prompts, driven by the planner.
+
+The planner spends a budget of explored seeds (`seeds_per_prompt` x prompts); each decision is one
+pull (`seeds_per_pull` seeds of one prompt), issued lazily when the backend can take it, so an
+interrupted round strands no planned work. Costs are counted in seeds (one unit per explored seed),
+which makes the allocation, and hence a run, deterministic on the in-process backend; on Ray the
+round also ends when the training step ends (exploration must stay off the critical path).
+
+    prompts of t+1 --planner.next_pull--> explore requests (weight version t, kind EXPLORE)
+          ^                                        |
+          +----- observe(reward) <-- reward <------+      ... until budget or training ends
+    selection: per prompt, the group_size explored seeds of maximum reward variance
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
+from roll_spotlight.exploration import BanditPlanner, PlannerConfig, UniformPlanner
+from roll_spotlight.training.config import ExplorationConfig
+
+PLANNERS = {"bandit": BanditPlanner, "uniform": UniformPlanner}
+
+
+@dataclass(frozen=True)
+class Explored:
+    reward: float
+    output: object  # RolloutOutput under the exploring weight version
+
+
+class ExplorationRound:
+    def __init__(self, cfg: ExplorationConfig, group_size: int, prompts: list[tuple[int, str]],
+                 schedule: Schedule, weight_version: int, iteration: int, run_seed: int):
+        budget = float(cfg.seeds_per_prompt * len(prompts))
+        planner_cfg = PlannerConfig(group_size=group_size, seeds_per_pull=cfg.seeds_per_pull,
+                                    min_seeds_before_abandon=cfg.min_seeds_before_abandon,
+                                    replace_abandoned=False, predicted_train_s=budget, spot_workers=1,
+                                    per_seed_s=1.0, cost_ewma=1.0, base_seed=_mix(run_seed, iteration))
+        self.planner = PLANNERS[cfg.planner](planner_cfg, list(range(len(prompts))))
+        self.prompts, self.schedule, self.group_size = prompts, schedule, group_size
+        self.weight_version, self.iteration = weight_version, iteration
+        self.explored: dict[tuple[int, int], Explored] = {}
+
+    def spec(self, slot: int, seed: int) -> RequestSpec:
+        pid, text = self.prompts[slot]
+        return RequestSpec(prompt_id=pid, prompt=text, seed=int(seed), schedule=self.schedule,
+                           weight_version=self.weight_version, kind=RequestKind.EXPLORE, iteration=self.iteration)
+
+    def run(self, backend, keep_going: Callable[[], bool] = lambda: True) -> int:
+        """Explore until the budget is spent or `keep_going()` is false; returns seeds explored."""
+        explored = 0
+        while keep_going() and (pull := self.planner.next_pull(0.0)) is not None:
+            specs = [self.spec(pull.prompt_id, s) for s in pull.seeds]
+            outputs = backend.explore(specs)
+            rewards = backend.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs]).rewards
+            for seed, reward, out in zip(pull.seeds, rewards, outputs):
+                self.planner.observe(pull.prompt_id, seed, float(reward), 1.0)
+                self.explored[(pull.prompt_id, seed)] = Explored(float(reward), out)
+            explored += len(specs)
+        return explored
+
+    def selection(self) -> dict[int, list[int]]:
+        """Per prompt slot, the seeds to train on (max-variance subset of the explored seeds)."""
+        return {int(slot): [int(s) for s in seeds] for slot, seeds in self.planner.selection(self.group_size).items()}
+
+    def stale_rewards(self, slot: int, seeds: list[int]) -> list[float | None]:
+        return [self.explored[(slot, s)].reward if (slot, s) in self.explored else None for s in seeds]
+
+
+def _mix(seed: int, iteration: int) -> int:
+    return (seed * 1_000_003 + iteration * 7919 + 0x51) % (2**31 - 1)
+
+
+class ResumedRound:
+    """A finished round restored from a checkpoint: its selection and explored rewards only."""
+
+    def __init__(self, state: dict):
+        self._selection = {int(k): list(v) for k, v in state["selection"].items()}
+        self.explored = {tuple(int(x) for x in key.split(":")): Explored(r, None)
+                         for key, r in state["rewards"].items()}
+
+    def selection(self) -> dict[int, list[int]]:
+        return self._selection
+
+
+def round_state(rnd) -> dict:
+    """Plain-data form of a finished round (what a checkpoint needs to resume exactly)."""
+    return {"selection": {str(k): v for k, v in rnd.selection().items()},
+            "rewards": {f"{slot}:{seed}": e.reward for (slot, seed), e in rnd.explored.items()}}
