@@ -1,0 +1,190 @@
+"""Warm regroup vs cold restart of an SP group, measured on real processes (Ray actors, gloo).
+
+What is measured, side by side in one run, medians over ``repeats``:
+
+- **warm**: a degree-2 group of persistent workers loses one member (killed). Timed from the
+  controller dropping the dead member to the end of one denoising step: a standby newcomer on the
+  same node copies the weights from the surviving peer through the Ray object store (the peer
+  published them once per weight version, off the critical path; that publish is timed apart as
+  ``publish_s``), the survivors and the newcomer build a fresh gloo group under a new generation
+  prefix, and the group runs one step of the rollout. The standby is a started process with its
+  imports done and random weights, as on a node whose worker is kept alive.
+- **cold**: the group restarts from nothing: two new actor processes, ``import`` of torch and
+  diffusers, ``from_pretrained`` of the weights from disk, group formation, one step. Ray may
+  hand an idle pre-started Python worker to an actor, which saves the ``import ray`` part only.
+
+The model is a real ``QwenImageTransformer2DModel`` with Qwen-Image's head_dim 128, rope axes and
+text width, 8 heads and as many layers as ``model_mb`` asks (2 layers = 316 MB fp32). One step runs
+on a tiny 4x4 token grid with 16 text tokens so compute does not drown the regroup cost on a CPU.
+``sp_max_abs_diff`` compares the degree-2 step with the same step on one process (SP=1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from roll_spotlight.elastic.model_spec import QwenModelSpec
+from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise, start_state
+
+log = logging.getLogger(__name__)
+
+__all__ = ["main", "run_regroup_bench"]
+
+_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _request(spec: QwenModelSpec, num_steps: int = 2) -> RolloutRequest:
+    rng = np.random.default_rng(0)
+    embeds = rng.standard_normal((16, spec.joint_attention_dim)).astype(np.float32)
+    return RolloutRequest("bench", seed=11, prompt_embeds=embeds, prompt_mask=np.ones(16), grid=(4, 4),
+                          channels=spec.in_channels, num_steps=num_steps)
+
+
+def _one_step_state(request: RolloutRequest) -> RolloutState:
+    """A committed state one step before the end, so resuming runs exactly one step."""
+    return replace(start_state(request), step=request.num_steps - 1)
+
+
+def _controller(spec: QwenModelSpec):
+    from roll_spotlight.elastic.controller import ElasticConfig, ElasticController
+
+    return ElasticController(ElasticConfig(num_heads=spec.num_attention_heads, preferred_degree=2))
+
+
+def _worker(spec: QwenModelSpec, gpu: int, **kwargs: Any):
+    from roll_spotlight.elastic.workers import WorkerConfig, spawn_worker
+
+    return spawn_worker(WorkerConfig(gpu=gpu, model=spec, node="bench-node", **kwargs))
+
+
+def _publish_all(controller) -> float:
+    import ray
+
+    start = time.perf_counter()
+    ray.get([controller.handles[m].publish_weights.remote() for m in controller.active()])
+    return time.perf_counter() - start
+
+
+def _warm_once(controller, spec: QwenModelSpec, gpu: int, request: RolloutRequest) -> dict[str, float]:
+    """Kill one member; time newcomer weights + regroup + one step."""
+    import ray
+
+    standby = _worker(replace(spec, init_seed=1000 + gpu), gpu)
+    ray.get(standby.ping.remote())  # started and imported: outside the timing
+    victim = controller.active()[-1]
+    ray.kill(controller.handles[victim])
+    start = time.perf_counter()
+    controller.remove([victim])
+    controller.admit([standby])
+    admitted = time.perf_counter()
+    result = controller.run_rollout(request, state=_one_step_state(request))
+    end = time.perf_counter()
+    regroup_s = controller.last_regroup.seconds
+    return {"total_s": end - start, "regroup_s": regroup_s, "transfer_s": admitted - start - regroup_s,
+            "step_s": end - admitted, "latent": result.state.latent}
+
+
+def _cold_once(spec: QwenModelSpec, pretrained: str, request: RolloutRequest) -> dict[str, float]:
+    """Fresh processes: spawn, import, from_pretrained, group init, one step."""
+    import ray
+
+    start = time.perf_counter()
+    controller = _controller(spec)
+    workers = [_worker(spec, gpu, pretrained_dir=pretrained) for gpu in range(2)]
+    controller.add_workers(workers)
+    result = controller.run_rollout(request, state=_one_step_state(request))
+    total = time.perf_counter() - start
+    for worker in workers:
+        ray.kill(worker)
+    return {"total_s": total, "latent": result.state.latent}
+
+
+def _median(samples: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(s[key] for s in samples)
+
+
+def run_regroup_bench(repeats: int = 5, model_mb: float = 256.0) -> dict[str, Any]:
+    """Measure warm regroup and cold restart; see the module docstring for what each includes."""
+    if repeats < 1 or model_mb <= 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and model_mb={model_mb} > 0")
+    import ray
+
+    for key, value in _RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        return _bench(repeats, QwenModelSpec.sized(model_mb))
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _bench(repeats: int, spec: QwenModelSpec) -> dict[str, Any]:
+    import ray
+
+    request = _request(spec)
+    with tempfile.TemporaryDirectory(prefix="spotlight-regroup-") as pretrained:
+        controller = _controller(spec)
+        pool = [_worker(spec, gpu) for gpu in range(2)]
+        controller.add_workers(pool)
+        ray.get(pool[0].save_pretrained.remote(pretrained))
+        controller.regroup()
+        publish_s = _publish_all(controller)
+        warm = []
+        for i in range(repeats):
+            warm.append(_warm_once(controller, spec, 2 + i, request))
+            _publish_all(controller)  # steady state: peers hold the current version
+        for member in controller.active():
+            ray.kill(controller.handles[member])
+        cold = [_cold_once(spec, pretrained, request) for _ in range(repeats)]
+        reference = denoise(QwenModelSpec.load(pretrained), request, _one_step_state(request), request.num_steps)
+    return _summary(spec, request, warm, cold, reference, publish_s)
+
+
+def _summary(spec, request, warm, cold, reference, publish_s) -> dict[str, Any]:
+    warm_s, cold_s = _median(warm, "total_s"), _median(cold, "total_s")
+    diffs = [float(np.abs(s["latent"] - reference.latent).max()) for s in warm + cold]
+    return {
+        "warm_regroup_median_s": warm_s,
+        "cold_restart_median_s": cold_s,
+        "speedup": cold_s / warm_s,
+        "sp_max_abs_diff": max(diffs),
+        "warm_parts_median_s": {k: _median(warm, k) for k in ("transfer_s", "regroup_s", "step_s")},
+        "publish_s": publish_s,
+        "warm_samples_s": [s["total_s"] for s in warm],
+        "cold_samples_s": [s["total_s"] for s in cold],
+        "repeats": len(warm),
+        "model_mb": spec.approx_mb,
+        "model": f"QwenImageTransformer2DModel layers={spec.num_layers} heads={spec.num_attention_heads}"
+                 f"x{spec.attention_head_dim} joint_dim={spec.joint_attention_dim} fp32",
+        "sp_degree": 2,
+        "step_tokens": {"image": request.grid[0] * request.grid[1], "text": len(request.prompt_mask)},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``spotlight bench regroup [--repeats N] [--model-mb MB] [--json]``."""
+    parser = argparse.ArgumentParser(prog="spotlight bench regroup", description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model-mb", type=float, default=256.0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    result = run_regroup_bench(repeats=args.repeats, model_mb=args.model_mb)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"warm regroup {result['warm_regroup_median_s']:.3f}s, cold restart "
+              f"{result['cold_restart_median_s']:.2f}s, speedup {result['speedup']:.1f}x, "
+              f"SP max abs diff {result['sp_max_abs_diff']:.2e} ({result['model']}, {result['model_mb']:.0f} MB)")
+    return 0

@@ -1,0 +1,86 @@
+"""Thin collective helpers over an explicit ``torch.distributed`` process group object.
+
+Why not ``torch.distributed.all_to_all_single(..., group=pg)``: elastic regroups build groups as raw
+``ProcessGroupGloo`` / ``ProcessGroupNCCL`` objects on the survivors (``new_group`` with partial
+groups hangs under gloo, see the environment notes), and the module-level API rejects groups it did
+not register. The ``ProcessGroup`` methods work on registered and raw groups alike, so every helper
+here calls them on the group it is given. Rank and size are read from that group on every call;
+nothing is cached across a regroup.
+
+Generation prefixes: every group is built on ``PrefixStore(f"gen{generation}/{name}", store)`` so a
+re-formed group never meets keys of an older one.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "all_gather_cat",
+    "all_to_all_chunks",
+    "broadcast_",
+    "generation_prefix",
+    "make_process_group",
+]
+
+
+def generation_prefix(generation: int, name: str) -> str:
+    """Store prefix of one group in one regroup generation."""
+    assert generation >= 0, generation
+    return f"gen{generation}/{name}"
+
+
+def make_process_group(
+    store: dist.Store, prefix: str, rank: int, size: int, *, backend: str, timeout_s: float = 30.0
+) -> dist.ProcessGroup:
+    """Build a raw process group of ``size`` members under ``prefix``; blocks until all joined.
+
+    ``backend`` is ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors, one device per process).
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"rank={rank} must be in [0, size={size})")
+    scoped = dist.PrefixStore(prefix, store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(scoped, rank, size, timedelta(seconds=timeout_s))
+    if backend == "nccl":
+        nccl = getattr(dist, "ProcessGroupNCCL", None)
+        if nccl is None:
+            raise ValueError("backend='nccl' needs a CUDA build of torch")
+        options = nccl.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        return nccl(scoped, rank, size, options)
+    raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
+
+
+def all_to_all_chunks(chunks: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Exchange equal chunks along dim 0: chunk ``s`` goes to rank ``s``; the result's chunk ``s``
+    came from rank ``s``. ``chunks.shape[0]`` must equal the group size."""
+    assert chunks.shape[0] == group.size(), (chunks.shape, group.size())
+    if group.size() == 1:
+        return chunks
+    send = chunks.contiguous()
+    out = torch.empty_like(send)
+    group.alltoall_base(out, send, [], []).wait()
+    return out
+
+
+def all_gather_cat(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenate every rank's ``x`` (same shape everywhere) along ``dim`` in rank order."""
+    if group.size() == 1:
+        return x
+    send = x.contiguous()
+    parts = [torch.empty_like(send) for _ in range(group.size())]
+    group.allgather([parts], [send]).wait()
+    return torch.cat(parts, dim=dim)
+
+
+def broadcast_(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """In-place broadcast of a contiguous tensor from group rank ``src``."""
+    assert tensor.is_contiguous(), "broadcast_ needs a contiguous tensor"
+    if group.size() > 1:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        group.broadcast([tensor], opts).wait()
+    return tensor

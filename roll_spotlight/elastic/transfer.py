@@ -1,0 +1,133 @@
+"""Weights for a newcomer worker: from a peer on the same node, else a remote peer, else storage.
+
+Why this order: a same-node peer is the cheapest source (shared memory through the Ray object
+store on CPU, a device-to-device NCCL broadcast on GPU), a remote peer costs one network copy, and
+storage (a safetensors file written once per weight version) is the slow fallback that always
+exists. :func:`choose_source` is the pure policy; the rest are torch helpers the worker calls.
+
+Mechanisms, chosen by :func:`choose_method`:
+
+- ``OBJECT_STORE`` (CPU): the peer ``ray.put``s its state dict as numpy arrays once per weight
+  version; a newcomer on the same node maps it zero-copy and copies into its parameters.
+- ``COLLECTIVE`` (CUDA available): peer and newcomer join a two-member NCCL group under a fresh
+  generation prefix and the peer broadcasts every tensor device to device.
+- ``FILE``: ``load_file`` of the safetensors checkpoint.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from roll_spotlight.elastic.comm import broadcast_
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TransferMethod",
+    "TransferPlan",
+    "TransferSource",
+    "broadcast_weights",
+    "choose_method",
+    "choose_source",
+    "load_numpy_state",
+    "load_weights_file",
+    "numpy_state",
+    "save_weights_file",
+    "weights_checksum",
+]
+
+
+class TransferSource(enum.Enum):
+    SAME_NODE_PEER = "same_node_peer"
+    REMOTE_PEER = "remote_peer"
+    STORAGE = "storage"
+
+
+class TransferMethod(enum.Enum):
+    OBJECT_STORE = "object_store"
+    COLLECTIVE = "collective"
+    FILE = "file"
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """Where a newcomer's weights come from: a source kind and, for peers, the peer's key."""
+
+    source: TransferSource
+    peer: str | None
+
+    def __post_init__(self) -> None:
+        assert (self.peer is None) == (self.source is TransferSource.STORAGE), self
+
+
+def choose_source(newcomer_node: str, peers: Mapping[str, str], storage_available: bool) -> TransferPlan:
+    """Pick the cheapest source. ``peers`` maps each live peer holding current weights to its node
+    id; ties break on the smallest peer key so the choice is deterministic."""
+    same = sorted(p for p, node in peers.items() if node == newcomer_node)
+    if same:
+        return TransferPlan(TransferSource.SAME_NODE_PEER, same[0])
+    if peers:
+        return TransferPlan(TransferSource.REMOTE_PEER, sorted(peers)[0])
+    if storage_available:
+        return TransferPlan(TransferSource.STORAGE, None)
+    raise ValueError(f"no source of weights for a newcomer on node {newcomer_node!r}: no peers, no storage")
+
+
+def choose_method(plan: TransferPlan, cuda_available: bool) -> TransferMethod:
+    if plan.source is TransferSource.STORAGE:
+        return TransferMethod.FILE
+    return TransferMethod.COLLECTIVE if cuda_available else TransferMethod.OBJECT_STORE
+
+
+def numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The state dict as CPU numpy arrays (what a peer ``ray.put``s for newcomers)."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    """Copy arrays (possibly read-only shared memory) into the model's own tensors."""
+    own = model.state_dict()
+    if set(own) != set(state):
+        raise ValueError(f"state keys differ: missing {sorted(set(own) - set(state))[:3]}, "
+                         f"unexpected {sorted(set(state) - set(own))[:3]}")
+    with warnings.catch_warnings():
+        # Shared-memory arrays are read-only; they are only read here, so torch's warning is moot.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for key, tensor in own.items():
+            tensor.copy_(torch.from_numpy(np.asarray(state[key])))
+
+
+def save_weights_file(model: torch.nn.Module, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path))
+    return path
+
+
+@torch.no_grad()
+def load_weights_file(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    device = next(model.parameters()).device
+    model.load_state_dict(load_file(str(path), device=str(device)), strict=True)
+
+
+@torch.no_grad()
+def broadcast_weights(model: torch.nn.Module, group, src: int) -> None:
+    """Broadcast every state tensor from group rank ``src`` (the peer) to the others, in place."""
+    for tensor in model.state_dict().values():
+        broadcast_(tensor, src, group)
+
+
+def weights_checksum(model: torch.nn.Module) -> float:
+    """Cheap fingerprint for tests and logs: sum of all state entries in float64."""
+    return float(sum(v.detach().double().sum() for v in model.state_dict().values()))
