@@ -71,3 +71,16 @@ def test_file_named_in_errors(tmp_path):
 def test_overrides(tmp_path):
     cfg = load_config(RunConfig, REPO / "configs" / "tiny_shapes.yaml", ["train.learning_rate=0.001", "max_steps=2"])
     assert cfg.train.learning_rate == 1e-3 and cfg.max_steps == 2
+
+
+def test_spotlight_twin_differs_only_in_exploration():
+    vanilla = to_dict(load_config(RunConfig, REPO / "configs" / "tiny_shapes.yaml"))
+    spotlight = to_dict(load_config(RunConfig, REPO / "configs" / "tiny_shapes_spotlight.yaml"))
+    differing = {k for k in vanilla if vanilla[k] != spotlight[k]}
+    assert differing == {"exploration"}
+    assert spotlight["exploration"]["mode"] == "stale" and vanilla["exploration"]["mode"] == "off"
+
+
+def test_quickstart_config_loads():
+    cfg = load_config(RunConfig, REPO / "configs" / "quickstart.yaml")
+    assert cfg.exp_name == "quickstart"
