@@ -22,7 +22,15 @@ def _plt():
 
 def plot_curves(rows: list[dict], path: Path) -> None:
     plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ranked = [r for r in rows if "rank_spearman" in r]
+    fig, axes = plt.subplots(1, 3 if ranked else 2, figsize=(16 if ranked else 11, 4))
+    ax1, ax2 = axes[0], axes[1]
+    if ranked:
+        axes[2].plot([r["step"] for r in ranked], [r["rank_spearman"] for r in ranked], marker="o", label="Spearman")
+        axes[2].plot([r["step"] for r in ranked], [r["rank_kendall"] for r in ranked], marker="x", label="Kendall")
+        axes[2].set(xlabel="iteration", ylabel="rank correlation", ylim=(-1.05, 1.05),
+                    title="stale vs fresh rewards of the same seeds (measured)")
+        axes[2].legend()
     train = [r for r in rows if "reward_mean" in r]
     val = [r for r in rows if "val_reward" in r]
     ax1.plot([r["step"] for r in train], [r["reward_mean"] for r in train], label="training reward (mean)")
