@@ -148,6 +148,13 @@ def cmd_simulate(args) -> int:
     return simulate_main(args.rest)
 
 
+def cmd_replay(args) -> int:
+    """Live runtime under a spot trace's preemptions; one JSON object of loss/duplication counters."""
+    from roll_spotlight.spot.replay import main as replay_main
+
+    return replay_main(args.rest)
+
+
 def cmd_traces(args) -> int:
     from roll_spotlight.spot import summarize_shipped_traces
 
@@ -195,14 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_simulate)
+    p = sub.add_parser("replay", help="replay a spot trace against the live runtime (measured)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_replay)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)
     return parser
 
 
+PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.spot.replay"}
+
+
 def main(argv: list[str] | None = None) -> int:
     _set_loopback_env()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in PASSTHROUGH:  # these parse their own options (and --help)
+        import importlib
+
+        return importlib.import_module(PASSTHROUGH[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
