@@ -1,0 +1,475 @@
+"""`spotlight replay`: the live Ray runtime under a spot trace's preemptions, checked bit for bit.
+
+    trace --SpotMarket(cap, window, speedup)--> ElasticSpotPool --start/notify/kill--> spot RolloutWorkers
+                                                                                        + 1 on-demand worker
+    driver: keep the queue stocked for --duration s --> drain --> recompute every output in process
+
+What runs: a local Ray cluster (or ``--address``) with one on-demand ``RolloutWorker`` and up to
+``--cap-nodes`` spot workers that an ``ElasticSpotPool`` starts, notifies and kills as the market
+replays the trace, compressed ``--speedup`` times. A driver loop keeps a backlog of rollout
+requests in the queue actor (a random-init tiny policy: correctness, not learning, is measured)
+for ``--duration`` wall seconds, stops submitting and waits until every request is done (or
+``--drain-timeout`` passes). Then each completed request is recomputed here, uninterrupted, with
+``RolloutExecutor`` on the same weights, and its final latents and log-probs are compared with
+``np.array_equal``.
+
+Counters of the JSON report (``kind: "measured"``):
+
+- ``requests_lost``: submitted but not completed after the drain. ``duplicate_completions``:
+  requests with more than one accepted completion (the queue's invariant says 0);
+  ``late_completions_rejected``: completions the queue refused because the lease had been revoked
+  (a worker killed while reporting). ``mismatched_outputs``: outputs that differ from the
+  reference in any bit (``mismatched_resumed_outputs``: those of them that were resumed).
+- ``preemptions``: NODE_DOWN of a node that had a worker; ``notices``: notices delivered;
+  ``resumed_from_commit``: leases granted from a committed or checkpointed state;
+  ``outputs_resumed``: outputs whose final lease started past step 0.
+- ``denoise_steps_lost``: steps that killed workers had run but not handed to the queue, read
+  from each worker just before its kill (work redone after a kill without notice). A step that
+  finishes or a checkpoint that lands between that read and the kill makes it off by one.
+
+Time: trace seconds are divided by ``--speedup``; the notice is wall time (a worker must finish
+a real denoising step and a commit in it), by default the provider's notice / speedup but at
+least ``MIN_NOTICE_S``. Spot nodes are capped at ``--cap-nodes`` from the trace start (the
+market's rule). ``--start-s auto`` starts the window ``AUTO_LEAD_S`` trace seconds before the
+first preemption of the window of ``duration * speedup`` trace seconds that holds the most
+preemptions. The clock starts once the on-demand worker and the window's initial spot fleet
+have loaded the policy (nodes alive at the window start are in steady state, not cold-starting);
+spot nodes that join later start cold, inside the replay. The cost ledger bills simulated (trace) seconds: each spot node from NODE_UP to
+NODE_DOWN, the on-demand worker for the whole replay.
+
+Local only: the policy file is written to a temporary directory every worker reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from roll_spotlight.spot.market import NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind, MarketConfig, SpotMarket
+from roll_spotlight.spot.traces import Trace, load_trace
+
+log = logging.getLogger(__name__)
+
+MIN_NOTICE_S = 2.0
+AUTO_LEAD_S = 600.0
+ONDEMAND_WORKER = "ondemand-0"
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay; see the module docstring. ``start_s`` is trace seconds or ``"auto"``."""
+
+    trace: str | None = None
+    speedup: float = 30.0
+    duration_s: float = 120.0
+    start_s: float | str = 0.0
+    zones: tuple[str, ...] | None = None
+    victims: str = "newest_first"
+    cap_nodes: int = 4
+    no_notice: bool = False
+    notice_s: float | None = None
+    commit_every: int = 0
+    num_steps: int = 12
+    noise_level: float = 0.7
+    backlog: int = 2
+    drain_timeout_s: float = 180.0
+    lease_s: float = 60.0
+    seed: int = 0
+    poll_s: float = 0.02
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("speedup", "duration_s", "drain_timeout_s", "lease_s", "poll_s"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"replay.{key} must be a finite number > 0, got {value!r}")
+        if not (self.start_s == "auto" or (isinstance(self.start_s, (int, float)) and self.start_s >= 0)):
+            raise ValueError(f"replay.start_s must be >= 0 or 'auto', got {self.start_s!r}")
+        if self.notice_s is not None and not (math.isfinite(self.notice_s) and self.notice_s > 0):
+            raise ValueError(f"replay.notice_s must be a finite number > 0, got {self.notice_s!r}")
+        for key, low in (("cap_nodes", 1), ("commit_every", 0), ("num_steps", 1), ("backlog", 1)):
+            if getattr(self, key) < low:
+                raise ValueError(f"replay.{key} must be >= {low}, got {getattr(self, key)!r}")
+        if self.victims not in VICTIM_RULES:
+            raise ValueError(f"replay.victims must be one of {list(VICTIM_RULES)}, got {self.victims!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The market window
+
+
+def notice_wall_s(cfg: ReplayConfig, provider: str) -> float:
+    """The notice in wall seconds: as given, else the provider's notice compressed like the trace,
+    but at least MIN_NOTICE_S (a step plus a commit must fit on a loaded host)."""
+    if cfg.notice_s is not None:
+        return cfg.notice_s
+    return max(NOTICE_S_BY_PROVIDER[provider] / cfg.speedup, MIN_NOTICE_S)
+
+
+def busiest_window(trace: Trace, window_s: float, *, cap_nodes: int | None = None,
+                   zones: tuple[str, ...] | None = None, victims: str = "newest_first",
+                   lead_s: float = AUTO_LEAD_S) -> float:
+    """A window start (trace seconds) whose ``window_s`` holds the most preemptions of the capped
+    fleet, ``lead_s`` before the first of them (ties: the earliest); 0 when nothing is preempted."""
+    full = SpotMarket(trace, MarketConfig(notice_s=0.0, victims=victims, cap_nodes=cap_nodes, zones=zones))
+    downs = np.array(sorted(ev.time_s for ev in full.events if ev.kind is EventKind.NODE_DOWN))
+    best_count, best_start = 0, 0.0
+    for down in downs:
+        start = max(0.0, float(down) - lead_s)
+        count = int(np.searchsorted(downs, start + window_s, side="left") - np.searchsorted(downs, start))
+        if count > best_count:
+            best_count, best_start = count, start
+    return best_start
+
+
+def build_market(cfg: ReplayConfig, trace: Trace) -> SpotMarket:
+    window_s = cfg.duration_s * cfg.speedup
+    start = (busiest_window(trace, window_s, cap_nodes=cfg.cap_nodes, zones=cfg.zones, victims=cfg.victims)
+             if cfg.start_s == "auto" else float(cfg.start_s))
+    notice = 0.0 if cfg.no_notice else notice_wall_s(cfg, trace.provider)
+    span = (cfg.duration_s + cfg.drain_timeout_s) * cfg.speedup  # events keep coming while draining
+    return SpotMarket(trace, MarketConfig(notice_s=notice, victims=cfg.victims, seed=cfg.seed, compression=cfg.speedup,
+                                          start_s=start, duration_s=span, cap_nodes=cfg.cap_nodes, zones=cfg.zones))
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+class RequestStream:
+    """An endless, deterministic stream of rollout requests (prompt i mod pool, seed from i)."""
+
+    def __init__(self, prompts: tuple[str, ...], num_steps: int, noise_level: float, seed: int) -> None:
+        from roll_spotlight.dispatch.requests import Schedule
+
+        self.prompts, self.seed = prompts, seed
+        self.schedule = Schedule(num_steps, noise_level, "sde")
+        self.issued = 0
+
+    def take(self, n: int) -> list:
+        from roll_spotlight.dispatch.requests import RequestKind, RequestSpec
+
+        specs = []
+        for i in range(self.issued, self.issued + n):
+            pid = i % len(self.prompts)
+            specs.append(RequestSpec(prompt_id=pid, prompt=self.prompts[pid], seed=self.seed * 1_000_003 + i,
+                                     schedule=self.schedule, weight_version=0, kind=RequestKind.ROLLOUT,
+                                     iteration=0))
+        self.issued += n
+        return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# The live run
+
+
+@dataclass
+class _Results:
+    completions: dict[int, object] = field(default_factory=dict)  # request id -> Completion
+    duplicates: int = 0
+    by_worker_kind: Counter = field(default_factory=Counter)
+    max_poll_gap_s: float = 0.0  # the longest the driver went without applying market events
+
+    def add(self, completions) -> None:
+        for c in completions:
+            if c.request.request_id in self.completions:
+                self.duplicates += 1
+                continue
+            self.completions[c.request.request_id] = c
+            self.by_worker_kind["ondemand" if c.worker == ONDEMAND_WORKER else "spot"] += 1
+
+
+class _Runtime:
+    """Ray, the queue and weight-store actors, the policy file and the on-demand worker."""
+
+    def __init__(self, cfg: ReplayConfig, policy_dir: Path) -> None:
+        import ray
+
+        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue import QueueConfig
+        from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+        from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
+        from roll_spotlight.weights import WeightStore
+
+        self.started_ray = not ray.is_initialized()
+        init_ray(RayClusterConfig(address=cfg.address, num_cpus=2, ondemand_workers=1, spot_workers=2 * cfg.cap_nodes))
+        self.policy_path = str(policy_dir / "policy.pt")
+        policy = _save_tiny_policy(self.policy_path, cfg.seed)
+        self.queue = create_queue_actor(QueueConfig(lease_s=cfg.lease_s, max_attempts=1_000_000))
+        self.store = WeightStore.create(keep=1)
+        self.store.publish(0, policy.state_dict())
+        self.ondemand = RolloutWorker.options(resources={ONDEMAND: 1}).remote(
+            ONDEMAND_WORKER, self.policy_path, self.queue, self.store, threads=1, commit_every=cfg.commit_every)
+        self.ondemand_serving = self.ondemand.serve.remote()
+
+    def wait_ready(self) -> None:
+        """Block until the on-demand worker has loaded its policy (the replay clock starts then)."""
+        import ray
+
+        ray.get(self.ondemand.stats.remote())
+
+    def stop_ondemand(self, timeout_s: float) -> None:
+        import ray
+
+        self.ondemand.stop.remote()
+        ray.wait([self.ondemand_serving], timeout=timeout_s)
+        ray.kill(self.ondemand, no_restart=True)
+
+    def close(self) -> None:
+        import ray
+
+        if self.started_ray:
+            ray.shutdown()
+
+
+def _save_tiny_policy(path: str, seed: int):
+    """A random-init tiny policy (the test-sized architecture), saved where workers load it."""
+    import torch
+
+    from roll_spotlight.models import ModelConfig, build_policy, save_policy
+    from roll_spotlight.training.config import TaskConfig
+    from roll_spotlight.training.tasks import task_vocab
+
+    torch.manual_seed(seed)
+    config = ModelConfig(image_size=16, num_layers=1, attention_head_dim=16, axes_dims_rope=(4, 6, 6),
+                         joint_attention_dim=32)
+    policy = build_policy(config, vocab=task_vocab(TaskConfig()))
+    save_policy(policy, path)
+    return policy
+
+
+def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, results: _Results,
+              clock, until_s: float, submit: bool) -> None:
+    """Apply due market events, collect results and (while ``submit``) keep the backlog stocked,
+    until ``until_s``, or, when not submitting, until every submitted request is done."""
+    import ray
+
+    last = clock()
+    while (now := clock()) < until_s:
+        results.max_poll_gap_s = max(results.max_poll_gap_s, now - last)
+        last = now
+        pool.poll(now)
+        results.add(ray.get(rt.queue.take_results.remote()))
+        if submit:
+            pending, _ = ray.get(rt.queue.counts.remote())
+            target = cfg.backlog * (1 + pool.serving)
+            if pending < target:
+                ray.get(rt.queue.submit.remote(stream.take(target - pending)))
+        elif len(results.completions) >= stream.issued:
+            return
+        time.sleep(cfg.poll_s)
+
+
+def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
+    """Recompute each completed request uninterrupted in this process; returns (mismatched,
+    mismatched among resumed outputs). Bit for bit: final latents, log-probs and image."""
+    from roll_spotlight.dispatch.requests import Lease
+    from roll_spotlight.runtime.actors import load_policy
+    from roll_spotlight.runtime.executor import RolloutExecutor
+
+    executor = RolloutExecutor(load_policy(policy_path))
+    mismatched = mismatched_resumed = 0
+    for c in completions:
+        reference = executor.run(Lease(0, c.request, "reference", math.inf, None, 1)).output
+        same = (np.array_equal(reference.latents, c.output.latents)
+                and np.array_equal(reference.log_probs, c.output.log_probs)
+                and np.array_equal(reference.image, c.output.image))
+        mismatched += not same
+        mismatched_resumed += (not same) and c.output.resumed_from > 0
+    return mismatched, mismatched_resumed
+
+
+def run_replay(cfg: ReplayConfig) -> dict:
+    """The whole replay; returns the JSON report (see the module docstring)."""
+    from roll_spotlight.spot.ledger import CostLedger
+    from roll_spotlight.spot.prices import prices_for_trace
+    from roll_spotlight.spot.synthetic import synthetic_trace
+    from roll_spotlight.training.config import TaskConfig
+    from roll_spotlight.training.tasks import train_pool
+
+    t_start = time.monotonic()
+    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    market = build_market(cfg, trace)
+    ledger = CostLedger(prices_for_trace(trace))
+    _one_torch_thread()
+    stream = RequestStream(train_pool(TaskConfig(train_prompts=256)).texts, cfg.num_steps, cfg.noise_level, cfg.seed)
+    with tempfile.TemporaryDirectory(prefix="spotlight-replay-") as tmp:
+        rt = _Runtime(cfg, Path(tmp))
+        try:
+            live = _replay_live(cfg, rt, market, ledger, stream)
+            t_ref = time.monotonic()
+            completions = [live.results.completions[i] for i in sorted(live.results.completions)]
+            mismatches = check_outputs(rt.policy_path, completions)
+            reference_s = time.monotonic() - t_ref
+        finally:
+            rt.close()
+    timing = {"run_wall_s": live.drain_at, "drain_wall_s": live.end_at - live.drain_at,
+              "reference_wall_s": reference_s, "wall_s": time.monotonic() - t_start}
+    return _report(cfg, trace, market, stream, live, ledger, mismatches, timing)
+
+
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # oversubscribed cores make torch 20-40x slower (see runtime.actors)
+
+
+@dataclass
+class _Live:
+    pool: object
+    results: _Results
+    queue_stats: object
+    failed: list
+    drain_at: float
+    end_at: float
+
+
+def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, stream: RequestStream) -> _Live:
+    """Initial fleet up, clock started; submit for ``duration``; drain; stop every worker."""
+    import ray
+
+    from roll_spotlight.runtime.spot_pool import ElasticSpotPool, MarketSchedule, RayWorkerLauncher, SpotPoolConfig
+
+    launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every)
+    pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
+                           SpotPoolConfig(no_notice=cfg.no_notice, bill_scale=cfg.speedup))
+    pool.poll(0.0)  # the window's initial fleet: up before the clock starts (steady state)
+    rt.wait_ready()
+    launcher.wait_ready(timeout_s=120.0)
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    ledger.start(ONDEMAND_WORKER, "ondemand", 0.0)
+    results = _Results()
+    _run_loop(cfg, rt, pool, stream, results, clock, cfg.duration_s, submit=True)
+    drain_at = clock()
+    _run_loop(cfg, rt, pool, stream, results, clock, cfg.duration_s + cfg.drain_timeout_s, submit=False)
+    end_at = clock()
+    pool.close(end_at)
+    rt.stop_ondemand(timeout_s=60.0)
+    ledger.stop(ONDEMAND_WORKER, end_at * cfg.speedup)
+    results.add(ray.get(rt.queue.take_results.remote()))
+    stats, failed = ray.get([rt.queue.stats.remote(), rt.queue.failed.remote()])
+    return _Live(pool, results, stats, failed, drain_at, end_at)
+
+
+def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing) -> dict:
+    results, pool, queue_stats = live.results, live.pool, live.queue_stats
+    completions = results.completions.values()
+    return {
+        "kind": "measured",
+        "trace": trace.name,
+        "trace_window": {"start_s": market.window_start_s, "end_s": market.window_end_s,
+                         "zones": list(market.trace.zone_names), "cap_nodes": cfg.cap_nodes, "victims": cfg.victims},
+        "speedup": cfg.speedup,
+        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+        **timing,
+        "notice_wall_s": None if cfg.no_notice else notice_wall_s(cfg, trace.provider),
+        "no_notice": cfg.no_notice,
+        "commit_every": cfg.commit_every,
+        "num_steps": cfg.num_steps,
+        "requests_submitted": stream.issued,
+        "requests_completed": len(results.completions),
+        "requests_lost": stream.issued - len(results.completions),
+        "requests_failed": len(live.failed),
+        "duplicate_completions": results.duplicates,
+        "late_completions_rejected": queue_stats.duplicate_completions,
+        "completed_on_spot": results.by_worker_kind["spot"],
+        "completed_on_ondemand": results.by_worker_kind["ondemand"],
+        "spot_nodes_started": pool.stats.nodes_up,
+        "preemptions": pool.stats.preemptions,
+        "notices": pool.stats.notices,
+        "notices_ignored": pool.stats.notices_ignored,
+        "notices_late": pool.stats.notices_late,
+        "preempted_after_notice": pool.stats.preempted_after_notice,
+        "actor_deaths": pool.stats.actor_deaths,
+        "leases_requeued": pool.stats.leases_requeued,
+        "resumed_from_commit": queue_stats.resumed_from_commit,
+        "outputs_resumed": sum(c.output.resumed_from > 0 for c in completions),
+        "commits": queue_stats.commits,
+        "checkpoints": queue_stats.checkpoints,
+        "lease_expirations": queue_stats.expirations,
+        "denoise_steps_lost": pool.stats.steps_lost,
+        "max_poll_gap_s": results.max_poll_gap_s,
+        "mismatched_outputs": mismatches[0],
+        "mismatched_resumed_outputs": mismatches[1],
+        "cost": ledger.report().to_dict(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spotlight replay", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = ReplayConfig()
+    p.add_argument("--trace", default=None, help="trace file or folder; omitted: the synthetic p3-like trace")
+    p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
+    p.add_argument("--duration", type=float, default=d.duration_s, help="wall seconds of request submission")
+    p.add_argument("--start-s", default=str(d.start_s), help="window start in trace seconds, or 'auto'")
+    p.add_argument("--zones", default=None, help="comma-separated zones of the trace to use; omitted: all")
+    p.add_argument("--victims", default=d.victims, choices=VICTIM_RULES, help="count-trace victim rule")
+    p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
+    p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
+    p.add_argument("--notice-s", type=float, default=None,
+                   help=f"notice in wall seconds; omitted: provider notice / speedup, at least {MIN_NOTICE_S}")
+    p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
+    p.add_argument("--num-steps", type=int, default=d.num_steps, help="denoising steps per request")
+    p.add_argument("--backlog", type=int, default=d.backlog, help="pending requests kept per serving worker")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, help="wall seconds to wait for the drain")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line (default: indented)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ReplayConfig:
+    start = args.start_s if args.start_s == "auto" else _float_arg("--start-s", args.start_s)
+    zones = tuple(z.strip() for z in args.zones.split(",") if z.strip()) if args.zones else None
+    return ReplayConfig(trace=args.trace, speedup=args.speedup, duration_s=args.duration, start_s=start, zones=zones,
+                        victims=args.victims, cap_nodes=args.cap_nodes, no_notice=args.no_notice,
+                        notice_s=args.notice_s, commit_every=args.commit_every, num_steps=args.num_steps,
+                        backlog=args.backlog, drain_timeout_s=args.drain_timeout, seed=args.seed,
+                        address=args.address)
+
+
+def _float_arg(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of trace seconds or 'auto', got {text!r}") from None
+
+
+def failed_checks(report: dict) -> list[str]:
+    """Correctness counters that must be 0 in every replay (loss of steps without notice is not one)."""
+    return [key for key in ("requests_lost", "duplicate_completions", "mismatched_outputs") if report[key]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one replay and print its report; 1 if a correctness counter is not 0, 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        report = run_replay(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"spotlight replay: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    bad = failed_checks(report)
+    if bad:
+        log.error("replay failed its checks: %s", ", ".join(f"{k}={report[k]}" for k in bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Tier 3: the elastic spot pool driving real RolloutWorker actors. Worker a is parked at step s
+(deterministic injection), then preempted by the market, with or without notice; worker b, which
+joins later, resumes the request; the output must equal an uninterrupted in-process run bit for bit."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
+from roll_spotlight.dispatch.requests import Lease  # noqa: E402
+from roll_spotlight.runtime.spot_pool import (  # noqa: E402
+    ElasticSpotPool,
+    MarketSchedule,
+    RayWorkerLauncher,
+    SpotPoolConfig,
+)
+from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace  # noqa: E402
+from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
+
+pytestmark = pytest.mark.ray
+SCHEDULE = Schedule(num_steps=8, noise_level=0.7)
+TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import torch
+
+    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
+    from roll_spotlight.weights import WeightStore
+
+    torch.set_num_threads(1)
+    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=1, spot_workers=4))
+    cfg = tiny_config()
+    path = str(save_random_policy(cfg, tmp_path_factory.mktemp("spot") / "policy.pt", seed=5))
+    store = WeightStore.create(keep=1)
+    store.publish(0, random_policy(cfg, seed=5).state_dict())
+    yield {"path": path, "store": store, "reference": RolloutExecutor(random_policy(cfg, seed=5))}
+    ray.shutdown()
+
+
+def two_node_market(notice_s: float) -> SpotMarket:
+    """Node a: up at 0, reclaimed at 100 s; node b joins at 50 s and stays (compression 1)."""
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(50.0, "add", "b"), NodeEvent(100.0, "remove", "a"))
+    trace = Trace(name="two-nodes", kind="events", measures="running", provider="aws",
+                  zones={"z": EventList(rows, 0.0, 200.0)}, gpu_type="V100")
+    return SpotMarket(trace, MarketConfig(notice_s=notice_s))
+
+
+def start_pool(cluster, *, hold_at: int, commit_every: int, no_notice: bool):
+    from roll_spotlight.dispatch.actor import create_queue_actor
+
+    queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
+    launcher = RayWorkerLauncher(cluster["path"], queue, cluster["store"], commit_every=commit_every,
+                                 worker_kwargs=lambda node: {"hold_at_step": hold_at} if node == "z/a" else {})
+    pool = ElasticSpotPool(MarketSchedule(two_node_market(notice_s=10.0)), launcher,
+                           config=SpotPoolConfig(no_notice=no_notice))
+    pool.poll(0.0)  # starts worker a
+    assert launcher.wait_ready(TIMEOUT_S)
+    spec = RequestSpec(0, "three blue squares", 777, SCHEDULE, 0, RequestKind.ROLLOUT, 0)
+    ray.get(queue.submit.remote([spec]))
+    assert ray.get(launcher.workers["spot-z/a"].wait_held.remote(TIMEOUT_S)), "worker a never reached its step"
+    return queue, launcher, pool
+
+
+def wait_for_completion(queue, pool, now: float):
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        pool.poll(now)  # watches for actor deaths; no market event is due
+        if done := ray.get(queue.take_results.remote()):
+            return done
+        time.sleep(0.05)
+    raise AssertionError(f"no completion within {TIMEOUT_S} s")
+
+
+def assert_equals_uninterrupted(cluster, completion) -> None:
+    ref = cluster["reference"].run(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    out = completion.output
+    assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
+    assert np.array_equal(out.image, ref.image)
+
+
+def test_notice_at_step_3_commits_and_the_next_node_resumes_bit_identically(cluster):
+    queue, launcher, pool = start_pool(cluster, hold_at=3, commit_every=0, no_notice=False)
+    pool.poll(95.0)  # b joins (50 s); a's notice (90 s) with 5 s left
+    assert launcher.wait_stopped("spot-z/a", TIMEOUT_S) == {"completed": 0, "committed": 1, "steps": 3,
+                                                             "weight_fetches": 1}
+    (completion,) = wait_for_completion(queue, pool, 95.0)
+    pool.poll(100.0)  # a's NODE_DOWN: it had handed everything over
+    assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
+    assert_equals_uninterrupted(cluster, completion)
+    stats = ray.get(queue.stats.remote())
+    assert (stats.commits, stats.resumed_from_commit, stats.duplicate_completions) == (1, 1, 0)
+    assert (pool.stats.notices, pool.stats.preempted_after_notice, pool.stats.steps_lost) == (1, 1, 0)
+    assert pool.stats.leases_requeued == 0
+    pool.close(100.0)
+
+
+def test_kill_without_notice_resumes_from_the_last_checkpoint_and_loses_at_most_commit_every(cluster):
+    queue, launcher, pool = start_pool(cluster, hold_at=5, commit_every=2, no_notice=True)
+    pool.poll(100.0)  # b joins; a's notice is dropped; a is killed at step 5 (checkpointed at 4)
+    assert (pool.stats.preemptions, pool.stats.notices, pool.stats.leases_requeued) == (1, 0, 1)
+    assert pool.stats.steps_lost == 1 <= 2
+    (completion,) = wait_for_completion(queue, pool, 100.0)
+    assert completion.worker == "spot-z/b" and completion.output.resumed_from == 4
+    assert_equals_uninterrupted(cluster, completion)
+    stats = ray.get(queue.stats.remote())
+    assert (stats.checkpoints, stats.worker_losses, stats.resumed_from_commit) == (3, 1, 1)  # a: 2, 4; b: 6
+    pool.close(100.0)
