@@ -5,8 +5,7 @@ A rollout is a pure function of (weights, request, seed): the initial latent com
 at any step boundary (step index + full latent) is enough to resume on another group of any SP
 degree and end with the same latent as an uninterrupted run.
 
-The two noise functions below share the signatures of ``roll_spotlight.flow_grpo.noise``; switching
-to those is the one import line marked ``NOISE``.
+The noise comes from ``roll_spotlight.flow_grpo.noise``, the scheme every rollout of the project uses.
 """
 from __future__ import annotations
 
@@ -16,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from roll_spotlight.flow_grpo.noise import initial_noise, step_noise
 
 __all__ = [
     "RolloutRequest",
@@ -28,30 +29,8 @@ __all__ = [
 ]
 
 
-def _draw(seeds: Sequence[int], step: int, shape: tuple[int, ...], device, dtype) -> torch.Tensor:
-    """Standard normal draws, one CPU generator per (seed, step) so batches and devices agree."""
-    draws = []
-    for seed in seeds:
-        digest = hashlib.blake2b(f"{int(seed)}:{int(step)}".encode(), digest_size=8).digest()
-        generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") >> 1)
-        draws.append(torch.randn(tuple(shape), generator=generator, dtype=torch.float32))
-    return torch.stack(draws).to(device=device, dtype=dtype)
-
-
-def initial_noise(seeds: Sequence[int], shape: tuple[int, ...], device=None, dtype=torch.float32) -> torch.Tensor:
-    """x_0 per seed: ``(len(seeds), *shape)``."""
-    return _draw(seeds, -1, shape, device, dtype)
-
-
-def step_noise(seeds: Sequence[int], step: int, shape: tuple[int, ...], device=None,
-               dtype=torch.float32) -> torch.Tensor:
-    """The SDE draw of denoising ``step`` (0-based) per seed: ``(len(seeds), *shape)``."""
-    assert step >= 0, step
-    return _draw(seeds, step, shape, device, dtype)
-
-
-# NOISE: to use the project's scheme, replace the two names below with
-#   from roll_spotlight.flow_grpo.noise import initial_noise as _initial, step_noise as _step
+# Seeds determine trajectories with the project's one noise scheme (per-sample CPU generators
+# seeded from a mix of (seed, step)), shared with the Flow-GRPO rollouts.
 _initial, _step = initial_noise, step_noise
 
 
