@@ -11,18 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-LOOPBACK_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
-
-
-def _set_loopback_env() -> None:
-    """Ray binds to 127.0.0.1 only with these set (see the README's security notes)."""
-    for key, value in LOOPBACK_ENV.items():
-        os.environ.setdefault(key, value)
-
+from roll_spotlight.loopback import set_loopback_env
 
 def _set_threads(n: int | None) -> None:
     """torch intra-op threads; 1 avoids oversubscription when other processes share the cores."""
@@ -216,7 +205,7 @@ PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.s
 
 
 def main(argv: list[str] | None = None) -> int:
-    _set_loopback_env()
+    set_loopback_env()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in PASSTHROUGH:  # these parse their own options (and --help)
         import importlib

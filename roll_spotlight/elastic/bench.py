@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import tempfile
 import time
@@ -34,13 +33,11 @@ import numpy as np
 
 from roll_spotlight.elastic.model_spec import QwenModelSpec
 from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise, start_state
+from roll_spotlight.loopback import set_loopback_env
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "run_regroup_bench"]
-
-_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-
 
 def _request(spec: QwenModelSpec, num_steps: int = 2) -> RolloutRequest:
     rng = np.random.default_rng(0)
@@ -118,8 +115,7 @@ def run_regroup_bench(repeats: int = 5, model_mb: float = 256.0) -> dict[str, An
         raise ValueError(f"repeats={repeats} must be >= 1 and model_mb={model_mb} > 0")
     import ray
 
-    for key, value in _RAY_ENV.items():
-        os.environ.setdefault(key, value)
+    set_loopback_env()
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")

@@ -10,7 +10,6 @@ which keeps the latest two (exploration on stale weights needs version t while t
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +18,9 @@ import numpy as np
 import ray
 
 from roll_spotlight.configuration import to_dict
+from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.training.config import RunConfig
-
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-                "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass
@@ -46,8 +43,7 @@ class RayClusterConfig:
 
 def init_ray(cluster: RayClusterConfig) -> None:
     """Join `address`, or start a local Ray bound to 127.0.0.1 with the simulated-GPU resources."""
-    for key, value in LOOPBACK_ENV.items():
-        os.environ.setdefault(key, value)
+    set_loopback_env()
     if ray.is_initialized():
         return
     if cluster.address:
