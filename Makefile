@@ -26,8 +26,10 @@ quickstart: $(VENV)/.installed-ocr
 test: $(VENV)/.installed-dev,ocr
 	$(PY) -m pytest -q tests
 
+# Every benchmark + benchmarks/results/REPORT.md (< 60 min on 2 cores); e.g. BENCH_ARGS="--smoke".
+BENCH_ARGS ?=
 bench: $(VENV)/.installed-dev,ocr
-	$(VENV)/bin/spotlight bench all
+	SPOTLIGHT_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/spotlight bench all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

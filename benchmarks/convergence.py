@@ -17,16 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
-SETTINGS = {
-    "vanilla": ("configs/tiny_shapes.yaml", []),
-    "fresh": ("configs/tiny_shapes_spotlight.yaml", ["exploration.mode=fresh"]),
-    "spotlight": ("configs/tiny_shapes_spotlight.yaml", []),
-}
-
-
-def iterations_to_target(curve: list[dict], target: float) -> int | None:
-    hits = [p["iteration"] for p in curve if p["val_reward"] >= target]
-    return min(hits) if hits else None
+# One definition of the settings and of "iterations to target" (first evaluation after iteration 0
+# at or above the target), shared with `spotlight bench all`.
+from roll_spotlight.benchmarks.convergence import SETTINGS, iterations_to_target
 
 
 def run_setting(name: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:

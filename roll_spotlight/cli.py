@@ -124,7 +124,8 @@ def cmd_bench(args) -> int:
     """Mechanism benchmarks; each prints JSON (measured on this machine)."""
     import importlib
 
-    modules = {"planner": "roll_spotlight.exploration.bench", "regroup": "roll_spotlight.elastic.bench"}
+    modules = {"planner": "roll_spotlight.exploration.bench", "regroup": "roll_spotlight.elastic.bench",
+               "all": "roll_spotlight.benchmarks.suite"}
     if args.name not in modules:
         raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
     return importlib.import_module(modules[args.name]).main(args.rest)
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write RUN_DIR/report.md with PNG plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("bench", help="mechanism benchmarks: planner, regroup")
+    p = sub.add_parser("bench", help="benchmarks: planner, regroup, all (every benchmark + REPORT.md)")
     p.add_argument("name")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)

@@ -141,14 +141,15 @@ def time_to_target(iterations_to_target: Mapping[str, float], sim_result: Mappin
 def project(market: TraceLike | str, *, ondemand: int = 8, spot: int = 8, params_b: float = 20.0,
             resolution: int = 1280, iterations: int = 20, seed: int = 0,
             baselines: Sequence[str] = DEFAULT_BASELINES, mtbp_s: float | None = None,
-            cost_overrides: Mapping[str, Any] | None = None) -> dict:
+            cost_overrides: Mapping[str, Any] | None = None, zones: Sequence[str] | None = None,
+            spot_host_gpus: int = 8) -> dict:
     """What-if for users: time and cost per iteration of each baseline for a cluster shape and model size.
 
     ``market``: a trace (path or ``Trace``), or a provider name ``"aws" | "gcp" | "azure"``.
     A provider name replays a synthetic trace with that provider's notice and ``mtbp_s`` (default:
     the shipped traces' mean time between preemptions for that provider). The model size scales the
     parameter count and, proportionally, the layer count (hidden size kept), so attention FLOPs
-    scale too.
+    scale too. ``zones`` keeps only those zones of a trace (see ``whatif.resolve_market``).
     """
     if not params_b > 0:
         raise ValueError(f"params_b must be > 0, got {params_b}")
@@ -156,7 +157,7 @@ def project(market: TraceLike | str, *, ondemand: int = 8, spot: int = 8, params
         {"params_b": params_b, "num_layers": max(1, round(60 * params_b / 20.0))}, source="what-if (project)")
     trace = _market_trace(market, spot, seed, mtbp_s)
     result = simulate(trace, resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations,
-                      baselines=baselines, seed=seed, cost_model=cost)
+                      baselines=baselines, seed=seed, cost_model=cost, zones=zones, spot_host_gpus=spot_host_gpus)
     result["what_if"] = {"market": str(market), "params_b": params_b, "mtbp_s": mtbp_s}
     return result
 
@@ -194,22 +195,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    what_if = parser.add_argument_group("what-if (project a cluster before renting it)")
+    what_if.add_argument("--provider", choices=("aws", "gcp", "azure"), default=None,
+                         help="market instead of --trace: with --zone, that zone's shipped trace; without, "
+                              "a synthetic market with the provider's notice and typical preemption rate")
+    what_if.add_argument("--params-b", type=float, default=None,
+                         help="model size in billions of parameters (default 20, Qwen-Image)")
+    what_if.add_argument("--mtbp-s", type=float, default=None,
+                         help="mean seconds between preemptions of the synthetic market (--provider without --zone)")
+    what_if.add_argument("--traces-root", type=Path, default=None,
+                         help="folder of the shipped traces (default $SPOTLIGHT_TRACES or ../shared/traces)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides = json.loads(args.cost.read_text()) if args.cost else None
-    result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
-                      iterations=args.iterations, baselines=[b for b in args.baselines.split(",") if b],
-                      seed=args.seed, cost_model=overrides, timeline=args.timeline,
-                      start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus)
+    if args.provider is not None or args.params_b is not None:
+        try:
+            result = _what_if(args, overrides)
+        except ValueError as exc:  # user input: say which, no traceback
+            sys.stderr.write(f"spotlight simulate: error: {exc}\n")
+            return 2
+    else:
+        result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
+                          iterations=args.iterations, baselines=[b for b in args.baselines.split(",") if b],
+                          seed=args.seed, cost_model=overrides, timeline=args.timeline,
+                          start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_table(result))
     return 0
+
+
+def _what_if(args: argparse.Namespace, overrides: Mapping[str, Any] | None) -> dict:
+    """``--provider``/``--params-b``: ``project`` on the market that ``whatif.resolve_market`` picks."""
+    from roll_spotlight.sim.whatif import resolve_market
+
+    if args.zone and len(args.zone) > 1 and args.provider:
+        raise ValueError("--provider takes one --zone")
+    market = resolve_market(args.provider, args.zone[0] if args.zone else None, args.trace, args.traces_root)
+    result = project(market.source, ondemand=args.ondemand, spot=args.spot, resolution=args.resolution,
+                     params_b=args.params_b or 20.0, iterations=args.iterations, seed=args.seed,
+                     baselines=[b for b in args.baselines.split(",") if b], mtbp_s=args.mtbp_s,
+                     cost_overrides=overrides, zones=args.zone if args.trace else market.zones,
+                     spot_host_gpus=args.spot_host_gpus)
+    result["what_if"]["market"] = market.description
+    return result
 
 
 def format_table(result: Mapping[str, Any]) -> str:
@@ -219,6 +253,8 @@ def format_table(result: Mapping[str, Any]) -> str:
              f"trace={trace['name']} provider={trace['provider']} resolution={result['cluster']['resolution']} "
              f"ondemand={result['cluster']['ondemand_gpus']} spot={result['cluster']['spot_gpus']} "
              f"iterations={result['iterations']}",
+             *([f"what-if: {result['what_if']['market']}, model {result['what_if']['params_b']:g}B parameters"]
+               if "what_if" in result else []),
              f"{'baseline':<18}{'s/iter':>10}{'$/iter':>10}{'spot idle':>11}{'od idle':>9}"
              f"{'preempt':>9}{'regroup':>9}"]
     for name, r in result["baselines"].items():

@@ -1,0 +1,151 @@
+"""PNG figures of the report. Every title carries its kind: MEASURED, SIMULATED, or PAPER (reported).
+
+matplotlib is imported inside each function (Agg backend), so the suite imports it only to draw.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from roll_spotlight.benchmarks.paper import PAPER_CLAIMS
+
+PHASE_COLOURS = {"rollout": "tab:blue", "explore": "tab:green", "train": "tab:red", "sync": "tab:purple",
+                 "join": "tab:orange", "restart": "black", "regroup": "tab:pink", "idle": "lightgrey"}
+BASELINE_COLOURS = {"vanilla": "tab:grey", "explore_critical": "tab:olive", "naive_spot": "tab:orange",
+                    "spotlight": "tab:blue", "fresh": "tab:olive"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_to_target(tables: Mapping[int, Mapping[str, Mapping[str, Any]]], metric: str, path: Path) -> Path:
+    """Time (or cost) to target per baseline, one panel per resolution, the paper's ratio in a first column.
+
+    ``tables``: resolution -> ``headline.time_and_cost_to_target`` output. Baselines whose
+    iterations-to-target were not measured are drawn per iteration instead and say so.
+    """
+    plt = _pyplot()
+    key = {"time": "time_to_target_s", "cost": "cost_to_target_usd"}[metric]
+    per_key = {"time": "time_per_iteration_s", "cost": "cost_per_iteration_usd"}[metric]
+    fig, axes = plt.subplots(1, 1 + len(tables), figsize=(4.2 * (1 + len(tables)), 4))
+    _paper_panel(axes[0], metric)
+    for ax, (resolution, table) in zip(axes[1:], sorted(tables.items())):
+        names = list(table)
+        measured = all(table[n][key] is not None for n in names)
+        values = [table[n][key] if measured else table[n][per_key] for n in names]
+        scale, unit = (3600.0, "h") if metric == "time" else (1.0, "USD")
+        bars = ax.bar(names, [v / scale for v in values], color=[BASELINE_COLOURS.get(n, "tab:grey") for n in names])
+        for bar, n in zip(bars, names):
+            if table[n]["bound"] == "lower":
+                bar.set_hatch("//")
+        what = f"{metric} to target" if measured else f"{metric} per iteration (iterations-to-target not measured)"
+        kind = "MEASURED iterations x SIMULATED per-iteration" if measured else "SIMULATED"
+        ax.set_title(f"{resolution}x{resolution}: {what}\n{kind}", fontsize=8)
+        ax.set_ylabel(f"{metric} ({unit}{'' if measured else ' per iteration'})")
+        ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+    fig.text(0.99, 0.01, "hatched: lower bound (run censored by its budget)", ha="right", fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _paper_panel(ax, metric: str) -> None:
+    claim = PAPER_CLAIMS["time_to_target" if metric == "time" else "cost_to_target"]
+    lo, hi = claim.low, claim.high
+    ax.bar(["vanilla", "spotlight"], [1.0, 1.0 / lo], color=["tab:grey", "tab:blue"])
+    if hi != lo:
+        ax.bar(["spotlight"], [1.0 / lo - 1.0 / hi], bottom=[1.0 / hi], color="none", edgecolor="black", hatch="..")
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel(f"{metric} to target, vanilla = 1")
+    ax.set_title(f"PAPER (reported): {claim.text()} lower\n{claim.source}", fontsize=8)
+
+
+def plot_utilisation(sim: Mapping[str, Any], path: Path, iterations: int = 3) -> Path:
+    """Per-GPU phases of each baseline over its first ``iterations`` iterations (SIMULATED)."""
+    plt = _pyplot()
+    names = [n for n, r in sim["baselines"].items() if r.get("timeline")]
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.0 + 1.6 * len(names)), squeeze=False)
+    horizon = max(sum(sim["baselines"][n]["iteration_times_s"][:iterations]) for n in names) if names else 1.0
+    for ax, name in zip(axes[:, 0], names):
+        _timeline_panel(ax, sim["baselines"][name]["timeline"], horizon)
+        ax.set_title(f"{name}: GPU phases over the first {horizon:.0f} s (= {iterations} iterations of the slowest "
+                     f"baseline) (SIMULATED)", fontsize=8, loc="left")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLOURS.values()]
+    fig.legend(handles, list(PHASE_COLOURS), loc="lower center", ncol=len(PHASE_COLOURS), fontsize=7)
+    axes[-1, 0].set_xlabel("simulated seconds")
+    fig.suptitle(f"GPU utilisation at {sim['cluster']['resolution']}^2, trace {sim['trace']['name']} (SIMULATED)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def merge_intervals(timeline: Sequence[Sequence[Any]], horizon: float) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """gpu -> phase -> [(start, width)] within [0, horizon], touching same-phase intervals merged."""
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for gpu, start, end, phase in sorted(timeline, key=lambda x: (x[0], x[1])):
+        if start >= horizon:
+            continue
+        end = min(end, horizon)
+        spans = out.setdefault(gpu, {}).setdefault(phase, [])
+        if spans and abs(spans[-1][0] + spans[-1][1] - start) < 1e-6:
+            spans[-1] = (spans[-1][0], end - spans[-1][0])
+        else:
+            spans.append((start, end - start))
+    return out
+
+
+def _timeline_panel(ax, timeline, horizon: float) -> None:
+    merged = merge_intervals(timeline, horizon)
+    gpus = sorted(merged)
+    for y, gpu in enumerate(gpus):
+        for phase, spans in merged[gpu].items():
+            ax.broken_barh(spans, (y - 0.4, 0.8), color=PHASE_COLOURS.get(phase, "white"))
+    ax.set_xlim(0, horizon)
+    ax.set_yticks(range(len(gpus)))
+    ax.set_yticklabels(gpus, fontsize=5)
+
+
+def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, path: Path) -> Path:
+    """Validation reward against iteration for every run (MEASURED on the tiny task)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        its = [p["iteration"] for p in run["curve"]]
+        ax.plot(its, [p["val_reward"] for p in run["curve"]], marker="o", markersize=3,
+                color=BASELINE_COLOURS.get(run["setting"], "black"), label=f"{run['setting']} seed {run['seed']}")
+    if target is not None:
+        ax.axhline(target, linestyle="--", color="black", linewidth=1, label=f"target {target:.3f}")
+    ax.set(xlabel="iteration", ylabel="validation reward", title="Tiny task convergence (MEASURED, CPU)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_regroup(regroup: Mapping[str, Any], path: Path) -> Path:
+    """Warm regroup vs cold restart (MEASURED) beside the paper's qualitative claim (PAPER)."""
+    plt = _pyplot()
+    fig, (ax_paper, ax) = plt.subplots(1, 2, figsize=(9, 3.5), gridspec_kw={"width_ratios": [1, 1.4]})
+    ax_paper.axis("off")
+    claim = PAPER_CLAIMS["sp_recovery"]
+    ax_paper.text(0.02, 0.5, f"PAPER (reported):\n{claim.what}\n({claim.source})\nno per-case numbers published",
+                  fontsize=8, va="center", wrap=True)
+    ax.bar(["warm regroup", "cold restart"], [regroup["warm_regroup_median_s"], regroup["cold_restart_median_s"]],
+           color=["tab:blue", "tab:grey"])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (median)")
+    ax.set_title(f"SP recovery on this machine (MEASURED): {regroup['speedup']:.0f}x", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,327 @@
+"""``spotlight bench all`` (and ``make bench``): every benchmark, then ``REPORT.md`` with its figures.
+
+Order (one table of contents, :func:`run_suite`):
+
+1. mechanism benchmarks, measured on this machine: the exploration planner (in process), the
+   warm-vs-cold SP regroup and the queue throughput (subprocesses: both start Ray);
+2. the simulator at 512^2 and 1280^2 on the headline spot trace (and any extra traces), with its
+   warm-regroup constant calibrated from step 1 when that ran;
+3. the convergence benchmark on the tiny task under a wall-clock budget (or a saved result of
+   ``benchmarks/convergence.py`` via ``--convergence-json``);
+4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
+
+Budget of the full run on a fresh 2-core machine (under 60 min): base pretraining ~5 min, planner
+~1 min, regroup ~3 min, queue ~1 min, simulator ~4 min, convergence ``--convergence-budget-min``
+(default 35), report < 1 min. ``--smoke`` shrinks everything to CI size (< 60 s) and skips the two
+Ray benchmarks.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from roll_spotlight.benchmarks.convergence import (SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
+                                                   run_convergence, summarize, choose_target)
+
+log = logging.getLogger(__name__)
+
+MECHANISMS = ("planner", "regroup", "queue")
+HEADLINE_TRACE = ("bamboo-spot-traces/aws/p3-trace.csv", None)
+EXTRA_TRACES = (("skynomad-gcp-h100/h100_probe_counts_wide.csv", "us-central1-b"),)
+SMOKE_SIM_COST = {"prompts_per_iteration": 4, "group_size": 4}
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """What ``spotlight bench all`` runs; ``smoke()`` and ``full()`` are the two presets."""
+
+    out_dir: Path = Path("benchmarks/results")
+    smoke: bool = False
+    mechanisms: tuple[str, ...] = MECHANISMS
+    planner_seeds: int = 20
+    regroup_repeats: int = 5
+    resolutions: tuple[int, ...] = (512, 1280)
+    sim_iterations: Mapping[int, int] = field(default_factory=lambda: {512: 40, 1280: 12})
+    ondemand: int = 8
+    spot: int = 8
+    traces_root: Path | None = None
+    headline_trace: tuple[str, str | None] = HEADLINE_TRACE
+    extra_traces: tuple[tuple[str, str | None], ...] = EXTRA_TRACES
+    sim_cost: Mapping[str, Any] = field(default_factory=dict)
+    timeline_iterations: int = 3
+    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    convergence_json: Path | None = None
+    subprocess_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.mechanisms) - set(MECHANISMS))
+        if unknown:
+            raise ValueError(f"mechanisms: unknown {unknown}; known {list(MECHANISMS)}")
+        missing = sorted(set(self.resolutions) - set(self.sim_iterations))
+        if missing:
+            raise ValueError(f"sim_iterations has no entry for resolutions {missing}")
+        if self.ondemand < 1 or self.spot < 0:
+            raise ValueError(f"cluster shape: ondemand must be >= 1 and spot >= 0, got {self.ondemand}, {self.spot}")
+        if self.timeline_iterations < 1:
+            raise ValueError(f"timeline_iterations must be >= 1, got {self.timeline_iterations}")
+
+    @classmethod
+    def smoke_preset(cls, **kw: Any) -> SuiteConfig:
+        conv = ConvergenceConfig(seeds=(0,), budget_s=120.0, overrides=SMOKE_OVERRIDES, isolate=False,
+                                 repo_root=kw.pop("repo_root", Path(".")))
+        base = dict(smoke=True, mechanisms=("planner",), planner_seeds=2, sim_iterations={512: 2, 1280: 2},
+                    ondemand=2, spot=2, extra_traces=(), sim_cost=SMOKE_SIM_COST, timeline_iterations=2,
+                    convergence=conv, out_dir=Path("benchmarks/results/smoke"))
+        return cls(**(base | kw))
+
+
+@dataclass
+class Stage:
+    """Wall time and outcome of one part of the suite, for the report's budget table."""
+
+    name: str
+    wall_s: float = 0.0
+    status: str = "not run"
+    note: str = ""
+
+
+# ================================================================ composition root
+def run_suite(cfg: SuiteConfig) -> dict:
+    """Run every part, write ``bench_all.json``, the figures and ``REPORT.md`` under ``cfg.out_dir``."""
+    from roll_spotlight.benchmarks.report import write_report
+
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    stages: list[Stage] = []
+    t0 = time.monotonic()
+    mech = {name: _stage(stages, f"mechanism: {name}", lambda n=name: _mechanism(n, cfg)) for name in cfg.mechanisms}
+    cost = _calibrated_cost(cfg, mech.get("regroup"))
+    sims = _stage(stages, "simulator", lambda: run_simulations(cfg, cost))
+    conv = _stage(stages, "convergence", lambda: _convergence(cfg))
+    result = {"kind": "measured (mechanisms, convergence) and simulated (cluster time and cost)",
+              "smoke": cfg.smoke, "command": _command_line(), "config": _config_dict(cfg),
+              "mechanisms": mech, "simulator": sims, "convergence": conv,
+              "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
+    report = write_report(result, cfg.out_dir)
+    result["report"] = str(report)
+    (cfg.out_dir / "bench_all.json").write_text(json.dumps(_strip_timelines(result), indent=2, default=str))
+    return result
+
+
+def _stage(stages: list[Stage], name: str, fn: Callable[[], Any]) -> Any:
+    """Run one part; a failure is recorded (and reported), never hidden, and the suite goes on."""
+    stage = Stage(name)
+    stages.append(stage)
+    t0 = time.monotonic()
+    try:
+        out = fn()
+        stage.status = "skipped" if isinstance(out, dict) and "skipped" in out else "ok"
+        stage.note = out.get("skipped", "") if isinstance(out, dict) else ""
+        return out
+    except Exception as exc:  # noqa: BLE001 - reported in REPORT.md and logged with its traceback
+        log.exception("bench all: %s failed", name)
+        stage.status, stage.note = "failed", f"{type(exc).__name__}: {exc}"
+        return {"error": stage.note}
+    finally:
+        stage.wall_s = time.monotonic() - t0
+
+
+def _command_line() -> str:
+    return "spotlight bench all " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "all"] else "run_suite()"
+
+
+def _config_dict(cfg: SuiteConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def _strip_timelines(result: dict) -> dict:
+    out = json.loads(json.dumps(result, default=str))
+    for block in [out.get("simulator", {}).get("by_resolution", {}), *[
+            e.get("by_resolution", {}) for e in out.get("simulator", {}).get("extra", [])]]:
+        for sim in block.values():
+            for r in sim.get("baselines", {}).values():
+                r.pop("timeline", None)
+    return out
+
+
+# ================================================================ mechanisms
+def _mechanism(name: str, cfg: SuiteConfig) -> dict:
+    if name == "planner":
+        from roll_spotlight.exploration.bench import run_planner_bench
+
+        if cfg.smoke:
+            return run_planner_bench(seeds=cfg.planner_seeds, n_prompts=8, group_size=4, workers=4)
+        return run_planner_bench(seeds=cfg.planner_seeds)
+    if name == "regroup":
+        return _json_subprocess([sys.executable, "-m", "roll_spotlight.cli", "bench", "regroup", "--json",
+                                 "--repeats", str(cfg.regroup_repeats)], cfg.subprocess_timeout_s)
+    if name == "queue":
+        script = cfg.convergence.repo_root / "benchmarks" / "queue_throughput.py"
+        if not script.is_file():
+            return {"skipped": f"{script} not found (run from the repository root)"}
+        return _json_subprocess([sys.executable, str(script), "--json"], cfg.subprocess_timeout_s)
+    raise ValueError(f"unknown mechanism benchmark {name!r}; known {list(MECHANISMS)}")
+
+
+def _json_subprocess(cmd: Sequence[str], timeout_s: float) -> dict:
+    """Run a benchmark that prints JSON; returns the last JSON object it printed."""
+    env = {**os.environ, "SPOTLIGHT_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:4])} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return parse_last_json(proc.stdout)
+
+
+def parse_last_json(text: str) -> dict:
+    """The last top-level JSON object in ``text`` (benchmarks print one, pretty or on one line)."""
+    decoder = json.JSONDecoder()
+    found = None
+    i = text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            found = obj
+        i = text.find("{", end)
+    if found is None:
+        raise ValueError(f"no JSON object in benchmark output: {text[-300:]!r}")
+    return found
+
+
+# ================================================================ simulator
+def _calibrated_cost(cfg: SuiteConfig, regroup: Mapping[str, Any] | None):
+    """The cost model, with the warm SP regroup replaced by this machine's measured one if it ran.
+
+    Only the regroup part (group re-formation) is taken: the measured cold restart and weight
+    copy are of a few-hundred-MB CPU model and would not scale to a 20B model on GPUs.
+    """
+    from roll_spotlight.sim.costmodel import CostModel
+
+    cost = CostModel.from_dict(dict(cfg.sim_cost))
+    parts = (regroup or {}).get("warm_parts_median_s") or {}
+    if parts.get("regroup_s"):
+        cost = cost.calibrate({"warm_regroup_s": float(parts["regroup_s"])},
+                              note="spotlight bench regroup, gloo on CPU (this run)")
+    return cost
+
+
+def traces_root(cfg: SuiteConfig) -> Path | None:
+    """``--traces-root``, else ``$SPOTLIGHT_TRACES``, else ``shared/traces`` beside the repository."""
+    for candidate in (cfg.traces_root, os.environ.get("SPOTLIGHT_TRACES"),
+                      cfg.convergence.repo_root.resolve().parent / "shared" / "traces"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def run_simulations(cfg: SuiteConfig, cost) -> dict:
+    """The four baselines per resolution on the headline trace (timelines kept for the figures)."""
+    from roll_spotlight.sim.run import simulate
+
+    root = traces_root(cfg)
+    head_path, head_zone = _trace_path(root, cfg.headline_trace)
+    common = dict(ondemand=cfg.ondemand, spot=cfg.spot, cost_model=cost)
+    by_res = {res: simulate(head_path, resolution=res, iterations=cfg.sim_iterations[res], timeline=True,
+                            zones=[head_zone] if head_zone else None, **common)
+              for res in cfg.resolutions}
+    extra = []
+    for rel, zone in cfg.extra_traces:
+        path, _ = _trace_path(root, (rel, zone))
+        if path is None:
+            continue
+        extra.append({"trace": rel, "zone": zone, "by_resolution": {
+            res: simulate(path, resolution=res, iterations=cfg.sim_iterations[res], zones=[zone] if zone else None,
+                          **common) for res in cfg.resolutions}})
+    note = None if head_path else "shared spot traces not found: spot GPUs are never preempted in this run"
+    return {"kind": "simulated", "traces_root_found": root is not None, "note": note,
+            "headline_trace": cfg.headline_trace[0] if head_path else None,
+            "cost_model": cost.table(), "by_resolution": by_res, "extra": extra}
+
+
+def _trace_path(root: Path | None, spec: tuple[str, str | None]) -> tuple[Path | None, str | None]:
+    if root is None or not (root / spec[0]).exists():
+        return None, None
+    return root / spec[0], spec[1]
+
+
+# ================================================================ convergence
+def _convergence(cfg: SuiteConfig) -> dict:
+    if cfg.convergence_json is not None:
+        payload = json.loads(Path(cfg.convergence_json).read_text())
+        records = records_from_json(payload)
+        target, rule = choose_target(records, cfg.convergence.target if cfg.convergence.target is not None
+                                     else payload.get("target"))
+        return {"kind": "measured", "source": str(cfg.convergence_json), "summary": summarize(records, target, rule),
+                "runs": [dataclasses.asdict(r) | {"horizon": r.horizon} for r in records], "budget": None}
+    return run_convergence(cfg.convergence, cfg.out_dir / "convergence")
+
+
+# ================================================================ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spotlight bench all", description=(
+        "Run the mechanism benchmarks, the simulator and the convergence benchmark; write REPORT.md "
+        "with PNG figures (each labelled MEASURED, SIMULATED or PAPER)."))
+    p.add_argument("--smoke", action="store_true", help="CI-sized run (< 60 s); writes under benchmarks/results/smoke")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default benchmarks/results[/smoke])")
+    p.add_argument("--traces-root", type=Path, default=None,
+                   help="folder of the shipped spot traces (default $SPOTLIGHT_TRACES or ../shared/traces)")
+    p.add_argument("--skip", action="append", default=[], choices=MECHANISMS, help="skip a mechanism benchmark")
+    p.add_argument("--ondemand", type=int, default=None, help="simulated on-demand GPUs (default 8)")
+    p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
+    p.add_argument("--convergence-budget-min", type=float, default=None,
+                   help="wall minutes for the convergence training runs (default 35)")
+    p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0)")
+    p.add_argument("--convergence-parallel", type=int, default=None, help="runs at once (default: min(2, cores))")
+    p.add_argument("--convergence-override", "-o", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every convergence run (repeatable)")
+    p.add_argument("--target", type=float, default=None,
+                   help="validation reward to reach (default: vanilla's final validation reward)")
+    p.add_argument("--convergence-json", type=Path, default=None,
+                   help="use a saved convergence result (benchmarks/convergence.py output) instead of running")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SuiteConfig:
+    repo_root = Path(".")
+    base = SuiteConfig.smoke_preset(repo_root=repo_root) if args.smoke else SuiteConfig()
+    conv = base.convergence
+    conv = dataclasses.replace(
+        conv, repo_root=repo_root, target=args.target,
+        overrides=tuple(conv.overrides) + tuple(args.convergence_override),
+        seeds=tuple(args.convergence_seeds) if args.convergence_seeds else conv.seeds,
+        budget_s=args.convergence_budget_min * 60 if args.convergence_budget_min else conv.budget_s,
+        parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
+    changes: dict[str, Any] = {"convergence": conv, "convergence_json": args.convergence_json,
+                               "mechanisms": tuple(m for m in base.mechanisms if m not in args.skip)}
+    for key in ("ondemand", "spot", "traces_root"):
+        if getattr(args, key) is not None:
+            changes[key] = getattr(args, key)
+    if args.out is not None:
+        changes["out_dir"] = args.out
+    return dataclasses.replace(base, **changes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    result = run_suite(cfg)
+    failed = [s["name"] for s in result["stages"] if s["status"] == "failed"]
+    print(f"report: {result['report']} ({result['wall_s']:.0f} s)")
+    if failed:
+        print(f"failed parts (see the report): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

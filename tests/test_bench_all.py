@@ -1,0 +1,174 @@
+"""`spotlight bench all`: the CI-sized smoke run end to end, and the pure parts (headline, convergence
+bookkeeping, report helpers) on hand-made inputs."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_spotlight.benchmarks.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
+                                                   iterations_to_target, records_from_json, run_with_timeout)
+from roll_spotlight.benchmarks.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
+from roll_spotlight.benchmarks.plots import merge_intervals
+from roll_spotlight.benchmarks.suite import parse_last_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ smoke (CI-sized)
+@pytest.mark.slow
+def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
+    from roll_spotlight.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("SPOTLIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPOTLIGHT_THREADS", "1")
+    out = tmp_path / "results"
+    assert main(["bench", "all", "--smoke", "--out", str(out)]) == 0
+    report = (out / "REPORT.md").read_text()
+    assert "SMOKE RUN" in report
+    for label in ("MEASURED", "SIMULATED", "PAPER"):
+        assert label in report, label
+    for res in (512, 1280):
+        assert f"| {res}x{res} | time | 4x | >= 4x |" in report
+        assert (out / f"utilisation_{res}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 1280x1280 | cost | 1.4-6.4x | >= 6x |" in report
+    for name in ("time_to_target.png", "cost_to_target.png", "convergence.png"):
+        assert (out / name).stat().st_size > 1000, name
+        assert f"]({name})" in report, name
+    result = json.loads((out / "bench_all.json").read_text())
+    assert [s["status"] for s in result["stages"]] == ["ok", "ok", "ok"], result["stages"]
+    runs = result["convergence"]["runs"]
+    assert {r["setting"] for r in runs} == {"vanilla", "fresh", "spotlight"}
+    assert all(r["horizon"] == 2 and r["curve"][0]["iteration"] == 0 for r in runs)
+    sim = result["simulator"]["by_resolution"]["1280"]["baselines"]
+    assert "timeline" not in sim["spotlight"] and sim["spotlight"]["kind"] == "simulated"
+
+
+# ------------------------------------------------------------------------------ headline
+def _sim(v_time, s_time, v_cost, s_cost, train_s=50.0):
+    def base(t, c):
+        return {"time_per_iteration_s": t, "cost_per_iteration_usd": c}
+    return {"phases": {"train_s": train_s, "publish_s": 2.0},
+            "cluster": {"ondemand_gpus": 8}, "prices_usd_per_gpu_hour": {"ondemand": 10.0, "spot": 2.5},
+            "baselines": {"vanilla": base(v_time, v_cost), "explore_critical": base(2 * v_time, 2 * v_cost),
+                          "naive_spot": base(s_time, s_cost), "spotlight": base(s_time, s_cost)}}
+
+
+def _est(value, bound="exact"):
+    return {"value": value, "bound": bound}
+
+
+def test_iterations_ratio_keeps_bounds():
+    assert iterations_ratio(_est(30), _est(10)) == Ratio(3.0, "exact")
+    assert iterations_ratio(_est(30, "lower"), _est(10)) == Ratio(3.0, "lower")
+    assert iterations_ratio(_est(30), _est(10, "lower")) == Ratio(3.0, "upper")
+    assert iterations_ratio(_est(30, "lower"), _est(10, "lower")).bound == "unknown"
+    assert iterations_ratio(None, _est(10)).value is None
+    assert Ratio(2.5, "lower").text() == ">= 2.50x" and Ratio(None, "unknown").text() == "not measured"
+
+
+def test_headline_products_targets_and_shortfall():
+    sims = {512: _sim(200.0, 100.0, 10.0, 8.0), 1280: _sim(200.0, 100.0, 10.0, 8.0)}
+    rows = {(r.resolution, r.metric): r for r in headline({"vanilla": _est(30), "spotlight": _est(10)}, sims)}
+    time512 = rows[(512, "time")]
+    assert time512.per_iteration == pytest.approx(2.0) and time512.total.value == pytest.approx(6.0)
+    assert time512.met is True and time512.shortfall is None
+    cost1280 = rows[(1280, "cost")]          # 3 x 1.25 = 3.75 < 6: missed by 1.6x
+    assert cost1280.total.value == pytest.approx(3.75) and cost1280.met is False
+    assert cost1280.shortfall == pytest.approx(6.0 / 3.75)
+    assert cost1280.needed_iterations_ratio == pytest.approx(6.0 / 1.25)
+    assert "1.25x" in cost1280.why and "3.00x" in cost1280.why
+    # a lower bound below the target decides nothing; an upper bound below it is a miss
+    lower = headline({"vanilla": _est(12, "lower"), "spotlight": _est(10)}, {512: sims[512]})
+    assert [r.met for r in lower] == [None, None]
+    upper = headline({"vanilla": _est(12), "spotlight": _est(10, "lower")}, {512: sims[512]})
+    assert [r.met for r in upper] == [False, False]
+    missing = headline({}, {512: sims[512]})
+    assert all(r.total.value is None and r.met is None and "not measured" in r.why for r in missing)
+
+
+def test_time_and_cost_to_target_maps_baselines_to_settings():
+    table = time_and_cost_to_target({"vanilla": _est(30), "fresh": _est(20, "lower"), "spotlight": _est(10)},
+                                    _sim(200.0, 100.0, 10.0, 8.0))
+    assert table["naive_spot"]["iterations"] == 30 and table["naive_spot"]["time_to_target_s"] == 3000.0
+    assert table["explore_critical"]["bound"] == "lower"
+    assert table["spotlight"]["cost_to_target_usd"] == pytest.approx(80.0)
+
+
+# ------------------------------------------------------------------------------ convergence bookkeeping
+def _record(setting, points, seed=0):
+    return RunRecord(setting, seed, "finished", 1.0, [{"iteration": i, "val_reward": v} for i, v in points])
+
+
+def test_iterations_to_target_ignores_the_base_evaluation():
+    curve = [{"iteration": 0, "val_reward": 0.9}, {"iteration": 5, "val_reward": 0.4},
+             {"iteration": 10, "val_reward": 0.7}]
+    assert iterations_to_target(curve, 0.6) == 10
+    assert iterations_to_target(curve, 0.8) is None
+
+
+def test_estimate_censors_runs_that_miss_the_target():
+    records = [_record("spotlight", [(0, 0.3), (5, 0.5), (10, 0.6)], 0),
+               _record("spotlight", [(0, 0.3), (5, 0.4)], 1),
+               _record("vanilla", [(0, 0.3), (10, 0.55)], 0)]
+    est = estimate("spotlight", records, 0.5)
+    assert est.per_run == (5, None) and est.horizons == (10, 5)
+    assert est.bound == "lower" and est.value == 5.0 and est.reached == 1
+    assert estimate("vanilla", records, 0.5).bound == "exact"
+    assert estimate("fresh", records, 0.5).value is None
+
+
+def test_choose_target_rejects_no_learning():
+    learned = [_record("vanilla", [(0, 0.3), (10, 0.5)]), _record("vanilla", [(0, 0.3), (10, 0.6)], 1)]
+    target, rule = choose_target(learned, None)
+    assert target == pytest.approx(0.55) and "vanilla" in rule
+    flat = [_record("vanilla", [(0, 0.3), (10, 0.29)])]
+    assert choose_target(flat, None)[0] is None
+    assert choose_target(flat, 0.7) == (0.7, "given: 0.7000")
+
+
+def test_curve_from_metrics_skips_a_torn_last_line(tmp_path):
+    rows = [{"step": 0, "val_reward": 0.3}, {"step": 1, "iteration_s": 2.0, "rank_spearman": 0.8},
+            {"step": 2, "iteration_s": 4.0, "val_reward": 0.4, "val_reward_se": 0.01}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "val')
+    curve, its, ranks = curve_from_metrics(tmp_path)
+    assert [p["iteration"] for p in curve] == [0, 2] and its == [2.0, 4.0] and ranks == [0.8]
+    assert curve_from_metrics(tmp_path / "absent") == ([], [], [])
+
+
+def test_run_with_timeout_stops_a_long_run_and_keeps_its_metrics(tmp_path):
+    script = ("import json, time, sys\n"
+              f"f = open({str(tmp_path / 'metrics.jsonl')!r}, 'a')\n"
+              "for i in range(3):\n"
+              "    f.write(json.dumps({'step': i, 'val_reward': 0.1 * i}) + '\\n'); f.flush()\n"
+              "time.sleep(60)\n")
+    status, wall_s, error = run_with_timeout([sys.executable, "-c", script], timeout_s=3.0)
+    assert status == "stopped" and wall_s < 30 and error is None
+    assert [p["iteration"] for p in curve_from_metrics(tmp_path)[0]] == [0, 1, 2]
+    status, _, error = run_with_timeout([sys.executable, "-c", "raise SystemExit('boom')"], timeout_s=30)
+    assert status == "failed" and "boom" in error
+
+
+def test_records_from_convergence_script_output():
+    payload = {"runs": {"vanilla": {"0": {"curve": [{"iteration": 0, "val_reward": 0.3}], "rank_spearman": []}},
+                        "spotlight": {"1": {"curve": [{"iteration": 0, "val_reward": 0.3},
+                                                      {"iteration": 10, "val_reward": 0.5}],
+                                            "rank_spearman": [0.7]}}}}
+    records = records_from_json(payload)
+    assert {(r.setting, r.seed, r.horizon) for r in records} == {("vanilla", 0, 0), ("spotlight", 1, 10)}
+
+
+# ------------------------------------------------------------------------------ helpers
+def test_parse_last_json_takes_the_last_object():
+    text = 'log line {not json}\n{"a": 1}\nmore\n{\n  "b": {"c": 2}\n}\n'
+    assert parse_last_json(text) == {"b": {"c": 2}}
+    with pytest.raises(ValueError):
+        parse_last_json("no json here")
+
+
+def test_merge_intervals_joins_touching_spans_and_clips():
+    timeline = [("g0", 0.0, 1.0, "rollout"), ("g0", 1.0, 2.0, "rollout"), ("g0", 2.0, 3.0, "train"),
+                ("g0", 3.0, 9.0, "rollout"), ("g1", 7.0, 8.0, "idle")]
+    merged = merge_intervals(timeline, horizon=5.0)
+    assert merged == {"g0": {"rollout": [(0.0, 2.0), (3.0, 2.0)], "train": [(2.0, 1.0)]}}

@@ -1,0 +1,61 @@
+"""Tier 1: the what-if tool: market from a trace, a shipped provider + zone, or a synthetic provider."""
+import json
+from pathlib import Path
+
+import pytest
+
+from roll_spotlight.sim.run import main
+from roll_spotlight.sim.whatif import resolve_market, shipped_trace
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SMALL = {"prompts_per_iteration": 4, "group_size": 4}
+
+
+def test_resolve_market_choices(tmp_path):
+    assert resolve_market("aws", None, None).source == "aws"
+    trace = tmp_path / "t.csv"
+    market = resolve_market(None, "z1", trace)
+    assert market.source == trace and market.zones == ("z1",)
+    with pytest.raises(ValueError, match="not both"):
+        resolve_market("gcp", None, trace)
+    with pytest.raises(ValueError, match="--provider"):
+        resolve_market(None, None, None)
+    with pytest.raises(ValueError, match="provider"):
+        resolve_market("ibm", None, None)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+def test_shipped_zone_lookup():
+    path = shipped_trace("gcp", "us-central1-b", TRACES)
+    assert path.name == "h100_probe_counts_wide.csv"
+    with pytest.raises(ValueError, match="us-central1-b"):  # the error lists the known zones
+        shipped_trace("gcp", "nowhere-1a", TRACES)
+
+
+def test_cli_what_if_synthetic_provider_and_model_size(tmp_path, capsys):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(SMALL))
+    args = ["--resolution", "512", "--iterations", "2", "--cost", str(cost), "--json", "--provider", "aws",
+            "--baselines", "vanilla,spotlight"]
+    assert main([*args, "--params-b", "10"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert main([*args, "--params-b", "40"]) == 0
+    large = json.loads(capsys.readouterr().out)
+    assert small["what_if"]["market"] == "synthetic aws market" and small["trace"]["provider"] == "aws"
+    assert small["what_if"]["params_b"] == 10.0 and small["kind"] == "simulated"
+    ratio = large["baselines"]["vanilla"]["time_per_iteration_s"] / small["baselines"]["vanilla"]["time_per_iteration_s"]
+    assert ratio > 2.5  # 4x the FLOPs per image, fixed reward and sync times aside
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
+def test_cli_what_if_shipped_zone(tmp_path, capsys):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(SMALL))
+    assert main(["--resolution", "512", "--iterations", "1", "--cost", str(cost), "--json", "--provider", "gcp",
+                 "--zone", "us-central1-b", "--traces-root", str(TRACES), "--baselines", "spotlight",
+                 "--spot", "2", "--ondemand", "2"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "us-central1-b" in result["what_if"]["market"] and result["trace"]["provider"] == "gcp"
+    assert main(["--resolution", "512", "--provider", "gcp", "--zone", "nowhere-1a",
+                 "--traces-root", str(TRACES)]) == 2
+    assert "known gcp zones" in capsys.readouterr().err
