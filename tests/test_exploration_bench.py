@@ -10,8 +10,12 @@ from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward,
 def test_small_bench_returns_the_keys():
     result = run_planner_bench(seeds=2, n_prompts=8, group_size=4, budget_pulls=24, workers=3, preempted_workers=1)
     for key in ("planner_over_uniform", "planner_over_oracle", "planner_over_uniform_no_abandon",
-                "decision_time_ms_per_pull", "methods", "setup", "ratio_statistic"):
+                "decision_time_ms_per_pull", "methods", "setup", "ratio_statistic", "baselines",
+                "planner_over_uniform_with_abandon", "oracle_over_uniform_no_abandon", "planner_population_over_uniform"):
         assert key in result
+    assert set(result["baselines"]) == {"uniform", "uniform_no_abandon"}
+    assert result["planner_over_uniform_with_abandon"] == result["planner_over_uniform"]
+    assert set(result["decision_time_ms_per_pull_by_planner"]) == {"planner", "planner_population"}
     assert set(result["methods"]) == set(METHODS)
     for method in METHODS:
         spread = result["methods"][method]["selected_variance"]
@@ -20,7 +24,7 @@ def test_small_bench_returns_the_keys():
     assert result["planner_over_uniform"] > 0 and result["planner_over_oracle"] > 0
     assert result["decision_time_ms_per_pull"] > 0
     budget_seeds = 24 * 4
-    for method in ("planner", "uniform", "oracle"):
+    for method in ("planner", "planner_population", "uniform", "oracle"):
         assert 0 < result["methods"][method]["explored_seeds_mean"] <= budget_seeds
     json.dumps(result)  # JSON-serialisable
 

@@ -16,7 +16,13 @@ from roll_spotlight.exploration import (
 )
 from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, Constant
 
-PLANNERS = [BanditPlanner, UniformPlanner]
+
+def population_bandit(cfg, *args, **kwargs):
+    """The bandit with the population posterior (prior.py)."""
+    return BanditPlanner(dataclasses.replace(cfg, posterior="population"), *args, **kwargs)
+
+
+PLANNERS = [BanditPlanner, population_bandit, UniformPlanner]
 
 
 def config(**overrides):
@@ -54,7 +60,8 @@ def run_sync(planner, reward, max_pulls=500, now_s=0.0, duration_s=1.0):
     ("seeds_per_pull", 0), ("group_size", 1), ("min_seeds_before_abandon", 1), ("predicted_train_s", -1.0),
     ("spot_workers", -2), ("per_seed_s", 0.0), ("mc_draws", 0), ("prior_strength", 0.0), ("cost_ewma", 1.5),
     ("abandon_tolerance", -0.1), ("base_seed", -1), ("max_lookahead_pulls", 0), ("replace_abandoned", "yes"),
-    ("predicted_train_s", math.nan), ("group_size", 2.5),
+    ("predicted_train_s", math.nan), ("group_size", 2.5), ("posterior", "bayes"), ("prior_bins", 1),
+    ("prior_floor", 0.0), ("prior_floor", 1.5), ("prior_donor_strength", 0.0), ("prior_tempering", -1.0),
 ])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ValueError, match=rf"PlannerConfig\.{key}"):
@@ -299,10 +306,12 @@ def test_uniform_counts_in_flight_seeds():
     assert [planner.next_pull(0.0).prompt_id for _ in range(3)] == ["a", "b", "c"]
 
 
-def test_bandit_prefers_the_prompt_with_more_to_gain():
+@pytest.mark.parametrize("posterior", ["pooled", "population"])
+def test_bandit_prefers_the_prompt_with_more_to_gain(posterior):
     # "binary" already holds the best possible 2+2 split of {0, 1}; "spread" can still find more
     # extreme values. After both are explored the bandit must keep exploring "spread".
-    planner = BanditPlanner(config(group_size=4, seeds_per_pull=4, predicted_train_s=1000.0), ["binary", "spread"])
+    planner = BanditPlanner(config(group_size=4, seeds_per_pull=4, predicted_train_s=1000.0, posterior=posterior),
+                            ["binary", "spread"])
     values = {"binary": [0.0, 1.0, 0.0, 1.0], "spread": [0.45, 0.5, 0.55, 0.6]}
     for _ in range(2):
         pull = planner.next_pull(0.0)

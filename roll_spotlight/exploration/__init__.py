@@ -8,10 +8,12 @@ from roll_spotlight.exploration.planner import (
     OraclePlanner,
     PlannerConfig,
     PlannerSummary,
+    POSTERIORS,
     Pull,
     UniformPlanner,
     seed_stream,
 )
+from roll_spotlight.exploration.prior import PopulationPrior, PriorConfig
 from roll_spotlight.exploration.rank import RankMonitor, RankReport, kendall_tau_b, spearman_rho
 from roll_spotlight.exploration.select import (
     SELECTORS,
@@ -30,6 +32,9 @@ __all__ = [
     "OraclePlanner",
     "PlannerConfig",
     "PlannerSummary",
+    "POSTERIORS",
+    "PopulationPrior",
+    "PriorConfig",
     "Pull",
     "RankMonitor",
     "RankReport",

@@ -18,12 +18,16 @@ ratios of the per-method means over bench seeds ("ratio of means"); the median o
 is reported next to them. ``decision_time_ms_per_pull`` is the median wall time of the bandit's
 ``next_pull`` calls that returned a pull (the lazily refreshed arm values included).
 
-Methods: ``planner`` (BanditPlanner), ``uniform`` (round robin with the same abandonment and
-replacement of all-equal prompts: the fair baseline), ``uniform_no_abandon`` (plain round robin,
-for reference), ``oracle`` (true distributions; knows zero-variance prompts without exploring),
-``no_exploration`` (k fresh seeds per original prompt). ``planner_over_uniform`` is measured against
-``uniform``, the strict baseline, so it isolates the value of the allocation itself;
-``oracle_over_uniform`` shows how much room any allocation has on this prompt mix and budget.
+Methods: ``planner`` (BanditPlanner, default pooled posterior), ``planner_population`` (the same
+bandit with the population prior of ``prior.py``: an ablation), ``uniform`` (round robin with the
+same abandonment and replacement of all-equal prompts: the strict baseline), ``uniform_no_abandon``
+(plain round robin of the same budget: no abandonment, no replacement), ``oracle`` (true
+distributions; knows zero-variance prompts without exploring), ``no_exploration`` (k fresh seeds
+per original prompt). ``planner_over_uniform`` is measured against ``uniform``, the strict baseline,
+so it isolates the value of the allocation itself (``planner_over_uniform_with_abandon`` is the same
+number under an explicit name); ``planner_over_uniform_no_abandon`` is against plain round robin,
+so it also credits abandonment. ``oracle_over_uniform`` / ``oracle_over_uniform_no_abandon`` show
+how much room any allocation has on this prompt mix and budget. The JSON's ``baselines`` says so.
 """
 from __future__ import annotations
 
@@ -48,7 +52,18 @@ from roll_spotlight.exploration.planner import (
 )
 from roll_spotlight.exploration.synthetic import RewardDist, population_variance, random_prompt_set, reward_of
 
-METHODS = ("planner", "uniform", "uniform_no_abandon", "oracle", "no_exploration")
+METHODS = ("planner", "planner_population", "uniform", "uniform_no_abandon", "oracle", "no_exploration")
+
+BASELINES = {
+    "uniform": "round robin (fewest explored+planned seeds first) over the batch, same budget, with the "
+               "planners' abandonment of all-equal prompts after min_seeds_before_abandon seeds and "
+               "replacement from the reserve; denominator of planner_over_uniform",
+    "uniform_no_abandon": "plain round robin, same budget, no abandonment and no replacement; denominator "
+                          "of planner_over_uniform_no_abandon",
+}
+
+# The population posterior's own settings (tuned on bench seeds 0..19, see the report in issue 5).
+POPULATION_POSTERIOR = dict(posterior="population", prior_strength=4.0, prior_tempering=0.5)
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,8 @@ def _build(method: str, setup: BenchSetup, task: _Task) -> ExplorationPlanner:
     cfg = _planner_config(setup, task.bench_seed)
     if method == "planner":
         return BanditPlanner(cfg, task.prompts, task.reserve)
+    if method == "planner_population":
+        return BanditPlanner(replace(cfg, **POPULATION_POSTERIOR), task.prompts, task.reserve)
     if method == "uniform":
         return UniformPlanner(cfg, task.prompts, task.reserve)
     if method == "uniform_no_abandon":
@@ -193,15 +210,15 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
     setup = BenchSetup(n_prompts, group_size, seeds_per_pull, budget_pulls, workers, preempted_workers)
     scores: dict[str, list[float]] = {m: [] for m in methods}
     infos: dict[str, list[dict]] = {m: [] for m in methods}
-    decision_ms: list[float] = []
+    decision_ms: dict[str, list[float]] = {m: [] for m in methods if m.startswith("planner")}
     for bench_seed in range(seeds):
         task = _make_task(bench_seed, n_prompts)
         for method in methods:
             score, decision_s, info = _run_method(method, setup, task)
             scores[method].append(score)
             infos[method].append(info)
-            if method == "planner":
-                decision_ms.extend(1e3 * d for d in decision_s)
+            if method in decision_ms:
+                decision_ms[method].extend(1e3 * d for d in decision_s)
     return _report(setup, seeds, scores, infos, decision_ms)
 
 
@@ -213,26 +230,32 @@ def _ratio(scores: dict, a: str, b: str) -> tuple[float | None, float | None]:
     return of_means, per_seed
 
 
-def _report(setup: BenchSetup, seeds: int, scores: dict, infos: dict, decision_ms: list[float]) -> dict:
+def _report(setup: BenchSetup, seeds: int, scores: dict, infos: dict, decision_ms: dict) -> dict:
     over_uniform, over_uniform_med = _ratio(scores, "planner", "uniform")
     over_oracle, over_oracle_med = _ratio(scores, "planner", "oracle")
-    over_plain, _ = _ratio(scores, "planner", "uniform_no_abandon")
-    oracle_over_uniform, _ = _ratio(scores, "oracle", "uniform")
     methods = {m: {"selected_variance": _spread(v), "per_seed": v,
                    **({"explored_seeds_mean": statistics.fmean(i["explored_seeds"] for i in infos[m]),
                        "abandoned_mean": statistics.fmean(i["abandoned"] for i in infos[m])} if infos[m][0] else {})}
                for m, v in scores.items()}
+    planner_ms = decision_ms.get("planner", [])
     return {
         "setup": {**setup.__dict__, "seeds": seeds},
+        "baselines": BASELINES,
         "ratio_statistic": "ratio of per-method means over bench seeds; *_median: median of per-seed ratios",
         "planner_over_uniform": over_uniform,
         "planner_over_uniform_median": over_uniform_med,
-        "planner_over_uniform_no_abandon": over_plain,
+        "planner_over_uniform_with_abandon": over_uniform,
+        "planner_over_uniform_no_abandon": _ratio(scores, "planner", "uniform_no_abandon")[0],
         "planner_over_oracle": over_oracle,
         "planner_over_oracle_median": over_oracle_med,
-        "oracle_over_uniform": oracle_over_uniform,
-        "decision_time_ms_per_pull": float(np.median(decision_ms)) if decision_ms else None,
-        "decision_time_ms_p90": float(np.percentile(decision_ms, 90)) if decision_ms else None,
+        "oracle_over_uniform": _ratio(scores, "oracle", "uniform")[0],
+        "oracle_over_uniform_no_abandon": _ratio(scores, "oracle", "uniform_no_abandon")[0],
+        "planner_population_over_uniform": _ratio(scores, "planner_population", "uniform")[0],
+        "planner_population_over_uniform_no_abandon": _ratio(scores, "planner_population", "uniform_no_abandon")[0],
+        "planner_population_over_oracle": _ratio(scores, "planner_population", "oracle")[0],
+        "decision_time_ms_per_pull": float(np.median(planner_ms)) if planner_ms else None,
+        "decision_time_ms_p90": float(np.percentile(planner_ms, 90)) if planner_ms else None,
+        "decision_time_ms_per_pull_by_planner": {m: float(np.median(v)) for m, v in decision_ms.items() if v},
         "methods": methods,
     }
 
@@ -241,7 +264,8 @@ def _format(result: dict) -> str:
     lines = [f"{m:>20s}: selected variance {r['selected_variance']['mean']:.4f} "
              f"+- {r['selected_variance']['std']:.4f}" for m, r in result["methods"].items()]
     for key in ("planner_over_uniform", "planner_over_uniform_no_abandon", "planner_over_oracle",
-                "oracle_over_uniform", "decision_time_ms_per_pull"):
+                "oracle_over_uniform", "oracle_over_uniform_no_abandon", "planner_population_over_uniform",
+                "decision_time_ms_per_pull"):
         value = result[key]
         lines.append(f"{key}: {value:.3f}" if value is not None else f"{key}: n/a")
     return "\n".join(lines)

@@ -48,12 +48,13 @@ from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union
 import numpy as np
 
 from roll_spotlight.exploration.budget import CostModel, ExplorationBudget
+from roll_spotlight.exploration.prior import PopulationPrior, PriorConfig
 from roll_spotlight.exploration.select import select_max_variance
 from roll_spotlight.exploration.value import (
     draws_needed,
     horizon_pulls,
     lookahead_gain_rate,
-    posterior_predictive_draws,
+    shrunk_predictive_draws,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ PromptId = Union[int, str]
 
 _MASK64 = (1 << 64) - 1
 
+POSTERIORS = ("pooled", "population")
+
 
 @dataclass
 class PlannerConfig:
@@ -69,7 +72,9 @@ class PlannerConfig:
 
     ``predicted_train_s`` and ``spot_workers`` are the initial budget; ``update_budget`` revises it.
     ``per_seed_s`` is the initial cost estimate, refined online by an EWMA with weight ``cost_ewma``.
-    ``mc_draws`` / ``prior_strength`` / ``max_lookahead_pulls`` tune the bandit's value estimate.
+    ``mc_draws`` / ``prior_strength`` / ``max_lookahead_pulls`` tune the bandit's value estimate;
+    ``posterior`` picks its base measure (``POSTERIORS``; see ``BanditPlanner``) and the ``prior_*``
+    keys tune the ``"population"`` one (``prior.py``).
     """
 
     group_size: int = 8
@@ -85,6 +90,12 @@ class PlannerConfig:
     mc_draws: int = 32
     prior_strength: float = 1.0
     max_lookahead_pulls: int = 4
+    posterior: str = "pooled"
+    prior_bins: int = 32
+    prior_bandwidth_bins: float = 1.0
+    prior_floor: float = 0.02
+    prior_tempering: float = 1.0
+    prior_donor_strength: float = 2.0
     base_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -95,6 +106,15 @@ class PlannerConfig:
         _require_int(self, "mc_draws", 1)
         _require_int(self, "max_lookahead_pulls", 1)
         _require_int(self, "base_seed", 0)
+        _require_int(self, "prior_bins", 2)
+        _require_number(self, "prior_bandwidth_bins", 0.0, inclusive=True)
+        _require_number(self, "prior_tempering", 0.0, inclusive=True)
+        _require_number(self, "prior_floor", 0.0, inclusive=False)
+        _require_number(self, "prior_donor_strength", 0.0, inclusive=False)
+        if self.posterior not in POSTERIORS:
+            raise ValueError(f"PlannerConfig.posterior must be one of {POSTERIORS}, got {self.posterior!r}")
+        if self.prior_floor > 1:
+            raise ValueError(f"PlannerConfig.prior_floor must be in (0, 1], got {self.prior_floor!r}")
         _require_number(self, "abandon_tolerance", 0.0, inclusive=True)
         _require_number(self, "predicted_train_s", 0.0, inclusive=True)
         _require_number(self, "per_seed_s", 0.0, inclusive=False)
@@ -452,6 +472,13 @@ class BanditPlanner(ExplorationPlanner):
     second of exploration (module ``value``). Unexplored arms come first (index +inf): one pull per
     prompt is what reveals zero-variance prompts, which abandonment then replaces.
 
+    The predictive of a prompt's next rewards is a Dirichlet-process posterior (``value``): its own
+    rewards with weight s / (s + ``prior_strength``), else a draw from a base measure learnt across
+    prompts, chosen by ``PlannerConfig.posterior``:
+    - ``"pooled"``: every reward explored so far in the batch, pooled;
+    - ``"population"``: the explored prompts as donors, weighted by how well each explains this
+      prompt's rewards (``prior.py``), so binary prompts borrow from binary ones, etc.
+
     The Monte Carlo uniforms are drawn once from ``base_seed`` and shared by all evaluations (common
     random numbers): decisions are deterministic, and arms are compared on the same noise.
     """
@@ -461,13 +488,18 @@ class BanditPlanner(ExplorationPlanner):
         super().__init__(config, prompt_ids, reserve, start_s)
         self._pool = np.empty(256)
         self._pool_size = 0
-        self._uniforms = np.empty((2, 0, config.mc_draws))
+        self._prior = PopulationPrior(_prior_config(config)) if config.posterior == "population" else None
+        self._row_of: dict[PromptId, int] = {}
+        self._uniforms = np.empty((4, 0, config.mc_draws))
 
     def _on_observed(self, arm: _Arm, reward: float) -> None:
         if self._pool_size == self._pool.shape[0]:
             self._pool = np.concatenate([self._pool, np.empty_like(self._pool)])
         self._pool[self._pool_size] = reward
         self._pool_size += 1
+        if self._prior is not None:
+            row = self._row_of.setdefault(arm.prompt_id, len(self._row_of))
+            self._prior.set_rewards(row, np.asarray(arm.rewards))
 
     def _score(self, slot: int, arm: _Arm) -> float:
         cfg = self.config
@@ -478,19 +510,36 @@ class BanditPlanner(ExplorationPlanner):
             return 0.0
         k, m = cfg.group_size, cfg.seeds_per_pull
         horizons = horizon_pulls(s, planned, k, m, cfg.max_lookahead_pulls)
-        u_mix, u_pick = self._columns(draws_needed(s, planned, k, m, horizons))
+        u_mix, u_pick, u_donor, u_value = self._columns(draws_needed(s, planned, k, m, horizons))
         explored = np.asarray(arm.sorted_rewards)
-        draws = posterior_predictive_draws(explored, self._pool[: self._pool_size], cfg.prior_strength, u_mix, u_pick)
+        base = self._base_draws(arm, explored, u_pick, u_donor, u_value)
+        draws = shrunk_predictive_draws(explored, base, cfg.prior_strength, u_mix, u_pick)
         rate = lookahead_gain_rate(explored, draws, k, planned, m, horizons)
         return rate / self._cost.predict(1)
 
-    def _columns(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """(D, width) uniforms; regenerated column-major so existing columns never change."""
+    def _base_draws(self, arm: _Arm, explored: np.ndarray, u_pick: np.ndarray, u_donor: np.ndarray,
+                    u_value: np.ndarray) -> np.ndarray:
+        """Draws from the base measure (see the class docstring); the pool when there is no donor."""
+        if self._prior is not None:
+            weights = self._prior.donor_weights(self._prior.bin_counts(explored), self._row_of.get(arm.prompt_id))
+            if weights is not None:
+                return self._prior.draw(weights, u_donor, u_value)
+        n = self._pool_size
+        return self._pool[np.minimum((u_pick * n).astype(np.int64), n - 1)]
+
+    def _columns(self, width: int) -> tuple[np.ndarray, ...]:
+        """Four (D, width) uniforms; regenerated column-major so existing columns never change."""
         if self._uniforms.shape[1] < width:
             rng = np.random.default_rng([self.config.base_seed, 0x5EED])
             grown = max(width, 2 * self._uniforms.shape[1], 16)
-            self._uniforms = rng.random((2, grown, self.config.mc_draws))
-        return self._uniforms[0, :width].T, self._uniforms[1, :width].T
+            self._uniforms = rng.random((4, grown, self.config.mc_draws))
+        return tuple(self._uniforms[i, :width].T for i in range(4))
+
+
+def _prior_config(config: PlannerConfig) -> PriorConfig:
+    return PriorConfig(bins=config.prior_bins, bandwidth_bins=config.prior_bandwidth_bins,
+                       floor=config.prior_floor, tempering=config.prior_tempering,
+                       donor_strength=config.prior_donor_strength)
 
 
 class UniformPlanner(ExplorationPlanner):

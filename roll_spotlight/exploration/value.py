@@ -64,22 +64,17 @@ def lookahead_gain_rate(explored_sorted: np.ndarray, draws: np.ndarray, k: int, 
     return best
 
 
-def posterior_predictive_draws(explored: np.ndarray, pool: np.ndarray, prior_strength: float,
-                               u_mix: np.ndarray, u_pick: np.ndarray) -> np.ndarray:
-    """Draws from a Dirichlet-process posterior predictive, given uniforms ``u_mix``, ``u_pick``.
+def shrunk_predictive_draws(explored: np.ndarray, prior_draws: np.ndarray, prior_strength: float,
+                            u_mix: np.ndarray, u_pick: np.ndarray) -> np.ndarray:
+    """Draws from a Dirichlet-process posterior predictive whose base measure is ``prior_draws``.
 
     A new reward is a resample of one of the prompt's s explored rewards with probability
-    s / (s + alpha), else a draw from the base measure: the pooled rewards of the whole batch (an
-    empirical-Bayes prior: all prompts share the reward model). This is the planner's optimism:
-    a prompt with few samples keeps a real chance of producing values it has not shown yet, and
-    that chance fades as 1/s. Requires a non-empty ``pool`` when ``explored`` is empty.
+    s / (s + alpha), else the matching entry of ``prior_draws`` (draws from the population prior,
+    ``prior.py``). The prompt's own rewards take over as they accumulate; with none, the prior alone.
+    All arrays but ``explored`` share one shape.
     """
     s = explored.shape[0]
-    pool_pick = pool[np.minimum((u_pick * pool.shape[0]).astype(np.int64), pool.shape[0] - 1)] if pool.size else None
     if s == 0:
-        assert pool_pick is not None, "posterior predictive needs explored rewards or a pool"
-        return pool_pick
+        return prior_draws
     own = explored[np.minimum((u_pick * s).astype(np.int64), s - 1)]
-    if pool_pick is None:
-        return own
-    return np.where(u_mix < prior_strength / (s + prior_strength), pool_pick, own)
+    return np.where(u_mix < prior_strength / (s + prior_strength), prior_draws, own)
