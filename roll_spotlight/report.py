@@ -2,6 +2,8 @@
 
 Plots: training reward and validation reward (with standard errors) per iteration; strict accuracy;
 and a per-worker timeline of rollout, reward, train and validation phases (idle is the gaps).
+Runs with spot workers also get their cost ledger (GPU-seconds and USD per pool, vs all on
+demand) and the spot pool's preemption, notice and resume counters.
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ def write_report(run_dir: Path) -> Path:
     if summary_path.is_file():
         lines += _summary_lines(json.loads(summary_path.read_text()))
     lines += ["![curves](curves.png)", ""]
+    lines += _spot_lines(rows)
     timeline_path = run_dir / "timeline.json"
     if timeline_path.is_file() and (events := json.loads(timeline_path.read_text())):
         plot_timeline(events, run_dir / "timeline.png")
@@ -106,3 +109,29 @@ def _summary_lines(summary: dict) -> list[str]:
             f"| final | {f['val_reward']:.4f} ± {f['val_reward_se']:.4f} | {f['val_strict']:.3f} |", "",
             f"Paired gain: {p['gain']:+.4f} ± {p['gain_se']:.4f} (z = {p['z']:.1f}); "
             f"strict accuracy change {p['strict_change']:+.3f}.", ""]
+
+
+SPOT_COUNTERS = ("nodes_started", "preemptions", "notices", "notices_late", "actor_deaths", "commits",
+                 "resumed_from_commit", "outputs_resumed", "completed_on_spot", "steps_lost", "requests_failed",
+                 "duplicate_completions", "late_completions_rejected")
+
+
+def _spot_lines(rows: list[dict]) -> list[str]:
+    """The spot pool's counters and the cost ledger, from the last metrics row that has them
+    (written after the last training step: the final validation is not billed)."""
+    last = next((r for r in reversed(rows) if "cost/usd" in r), None)
+    if last is None:
+        return []
+    scale = last["cost/bill_scale"]
+    pools = sorted(k.removeprefix("cost/gpu_s/") for k in last if k.startswith("cost/gpu_s/"))
+    lines = ["## Spot workers and cost", "",
+             f"GPU-seconds on the spot market's clock x {scale:g} (its time compression, so trace seconds); "
+             "rollout GPUs are simulated, so dollars are what this schedule would cost at the listed prices.", "",
+             "| pool | GPU-hours | USD |", "|---|---|---|"]
+    lines += [f"| {p} | {last[f'cost/gpu_s/{p}'] / 3600:.3f} | {last[f'cost/usd/{p}']:.2f} |" for p in pools]
+    lines += [f"| total | | {last['cost/usd']:.2f} |", "",
+              f"All on demand: {last['cost/all_ondemand_usd']:.2f} USD; saved {last['cost/savings_usd']:.2f} USD "
+              f"({100 * last['cost/savings_fraction']:.1f}%).", "",
+              "| counter | value |", "|---|---|"]
+    lines += [f"| {name} | {last[f'spot/{name}']:g} |" for name in SPOT_COUNTERS if f"spot/{name}" in last]
+    return lines + [""]

@@ -7,10 +7,20 @@
 
 Nothing is pushed to workers: they pull. The trainer publishes every version to the weight store,
 which keeps the latest two (exploration on stale weights needs version t while t+1 trains).
+
+With the run's ``spot:`` section enabled, spot rollout workers join the same queue as a market says
+(``runtime.spot_pool.start_training_pool``): the wait loop of ``rollouts`` polls the pool, a worker
+told of a preemption commits its in-flight request and another worker resumes it, and a killed
+worker's leases go back to the queue. Rollouts are pure functions of (weights, prompt, seed,
+schedule) and are collected in request-id order, so the training curve is the one without spot.
+Each iteration's metrics gain the pool's counters and the run's cost ledger (``spot/*``, ``cost/*``).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +31,9 @@ from roll_spotlight.configuration import to_dict
 from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.training.config import RunConfig
+
+log = logging.getLogger(__name__)
+SPOT_MAX_ATTEMPTS = 1_000_000  # kills are the market's doing, not the request's: never give up on one
 
 
 @dataclass
@@ -33,6 +46,7 @@ class RayClusterConfig:
     spot_workers: int = 0
     threads_per_actor: int = 1
     poll_s: float = 0.01
+    spot_pool_slots: int = 0  # extra spot_gpu units for the elastic spot pool's workers
 
     def __post_init__(self) -> None:
         if self.ondemand_workers + self.spot_workers < 1:
@@ -49,20 +63,31 @@ def init_ray(cluster: RayClusterConfig) -> None:
     if cluster.address:
         ray.init(address=cluster.address, log_to_driver=False)
         return
-    resources = {ONDEMAND: float(cluster.ondemand_workers + 1), SPOT: float(max(cluster.spot_workers, 1))}
+    spot = max(cluster.spot_workers + cluster.spot_pool_slots, 1)
+    resources = {ONDEMAND: float(cluster.ondemand_workers + 1), SPOT: float(spot)}
     ray.init(num_cpus=cluster.num_cpus, resources=resources, include_dashboard=False, log_to_driver=False)
 
 
 class RayBackend:
-    def __init__(self, cfg: RunConfig, policy_path: str | Path, cluster: RayClusterConfig | None = None):
+    """``spot_market``, ``spot_clock`` and ``spot_worker_kwargs`` replace the spot pool's market,
+    clock and per-node worker arguments (tests: a made-up market, a fake clock, failure injection)."""
+
+    def __init__(self, cfg: RunConfig, policy_path: str | Path, cluster: RayClusterConfig | None = None, *,
+                 spot_market=None, spot_clock: Callable[[], float] | None = None,
+                 spot_worker_kwargs: Callable[[str], Mapping[str, object]] | None = None):
         from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue import QueueConfig
         from roll_spotlight.weights import WeightStore
 
         self.cluster = cluster or RayClusterConfig()
+        if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
+            self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=2 * cfg.spot.max_workers)
         init_ray(self.cluster)
+        if cfg.spot.enabled and ray.cluster_resources().get(SPOT, 0.0) < 1:
+            raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
         data, path, threads = to_dict(cfg), str(policy_path), self.cluster.threads_per_actor
         self._path = path
-        self.queue = create_queue_actor()
+        self.queue = create_queue_actor(QueueConfig(max_attempts=SPOT_MAX_ATTEMPTS) if cfg.spot.enabled else None)
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}).remote(data, path, self.store, threads)
         self.reward = RewardActor.remote(data)
@@ -74,6 +99,16 @@ class RayBackend:
         for i in range(self.cluster.spot_workers):
             self.add_worker(f"spot-{i}", SPOT)
         self._events: list[dict] = []
+        self.spot = None
+        if cfg.spot.enabled:
+            self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
+
+    def _start_spot(self, cfg: RunConfig, market, clock, worker_kwargs):
+        from roll_spotlight.runtime.spot_pool import start_training_pool
+
+        return start_training_pool(cfg.spot, self._path, self.queue, self.store, threads=self.cluster.threads_per_actor,
+                                   ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
+                                   worker_kwargs=worker_kwargs)
 
     def add_worker(self, name: str, resource: str, **kwargs):
         worker = RolloutWorker.options(resources={resource: 1}, name=None).remote(
@@ -94,8 +129,12 @@ class RayBackend:
         ids = ray.get(self.queue.submit.remote(specs))
         wanted, done = set(ids), {}
         while len(done) < len(wanted):
+            if self.spot is not None:
+                self.spot.poll()
             for c in ray.get(self.queue.take_results.remote()):
                 done[c.request.request_id] = c.output
+                if self.spot is not None:
+                    self.spot.record(c)
             if len(done) < len(wanted):
                 time.sleep(self.cluster.poll_s)
         self._events.append({"worker": "driver", "phase": "wait_rollouts", "start": t0, "end": time.time()})
@@ -114,6 +153,9 @@ class RayBackend:
     def finish_train(self, handle) -> dict:
         metrics = ray.get(handle)
         self.weight_version = ray.get(self.trainer.weight_version.remote())
+        if self.spot is not None:
+            self.spot.poll()
+            metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
         return metrics
 
     def train(self, outputs, prompts, group_ids, rewards) -> dict:
@@ -133,9 +175,27 @@ class RayBackend:
         events = list(self._events) + ray.get(self.trainer.timeline.remote()) + ray.get(self.reward.timeline.remote())
         for worker in self.workers.values():
             events += ray.get(worker.timeline.remote())
+        if self.spot is not None:
+            events += self._spot_timelines()
         return sorted(events, key=lambda e: e["start"])
 
+    def _spot_timelines(self) -> list[dict]:
+        """The live spot workers' phases (a killed worker's timeline went with it)."""
+        from ray.exceptions import RayActorError
+
+        events = []
+        for name, worker in list(self.spot.pool.launcher.workers.items()):
+            try:
+                events += ray.get(worker.timeline.remote())
+            except RayActorError:
+                log.info("spot worker %s died before its timeline was read", name)
+        return events
+
     def close(self) -> None:
+        if self.spot is not None:
+            cost = self.spot.close()
+            log.info("spot pool closed: %s; cost %.4f USD vs %.4f USD all on demand (billed seconds x %g)",
+                     self.spot.pool.stats, cost.total_usd, cost.ondemand_usd, self.spot.bill_scale)
         for worker in self.workers.values():
             worker.stop.remote()
         ray.get(list(self.serving.values()))

@@ -51,6 +51,16 @@ that is dead or gone is NODE_DOWN. What Ray exposes for this (checked on Ray 2.6
   longer placed there; after the node dies ``ray.nodes()`` reports ``DeathReason`` 3
   (``AUTOSCALER_DRAIN_PREEMPTED``). Private API: it may move between Ray versions, and the watcher
   then sees only NODE_DOWN (kills without notice), which the queue also handles.
+
+In training (a run's ``spot:`` section, ``RunConfig.spot``), ``start_training_pool`` builds the
+run's market (``training_market``: the trace, or the synthetic market, capped at ``max_workers``
+nodes), its price table and a ``TrainingSpotPool``: the pool on a clock (wall seconds since the
+initial fleet was ready) plus a ledger that also bills the on-demand GPUs, so a run reports
+on-demand vs spot cost side by side. The Ray backend polls it while it waits for rollouts, which is
+the only time spot workers hold leases (they pull rollout and exploration requests, and both are
+waited for by that loop), so a notice reaches a busy worker within one poll; events that fall due
+while the driver trains or validates are applied at the next poll (a late notice to an idle worker
+is dropped and its node simply goes at NODE_DOWN, losing nothing).
 """
 from __future__ import annotations
 
@@ -60,10 +70,17 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from roll_spotlight.spot.ledger import CostLedger
-from roll_spotlight.spot.market import EventKind, MarketEvent, SpotMarket
+if TYPE_CHECKING:
+    from roll_spotlight.dispatch.queue import QueueStats
+    from roll_spotlight.training.config import SpotConfig
+
+from roll_spotlight.spot.ledger import CostLedger, CostReport
+from roll_spotlight.spot.market import NOTICE_S_BY_PROVIDER, EventKind, MarketConfig, MarketEvent, SpotMarket
+from roll_spotlight.spot.prices import Price, PriceTable, default_prices, prices_for_trace
+from roll_spotlight.spot.replay import MIN_NOTICE_S  # the notice floor `spotlight replay` uses too
+from roll_spotlight.spot.traces import Trace
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +228,10 @@ class ElasticSpotPool:
     def serving(self) -> int:
         """Workers expected to pull: started and not notified or gone."""
         return sum(node.state is NodeState.SERVING for node in self.nodes.values())
+
+    def owns(self, worker: str) -> bool:
+        """Is ``worker`` one of this pool's workers (alive or gone)?"""
+        return worker in self._by_worker
 
     def poll(self, now: float) -> list[MarketEvent]:
         """Handle actor deaths, then apply every event due by ``now``; returns those events."""
@@ -549,3 +570,152 @@ def _ray_draining_nodes() -> Mapping[str, int]:
 
     draining = state.get_draining_nodes()
     return draining if isinstance(draining, Mapping) else {node_id: 0 for node_id in draining}
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: the market, prices and pool of a run's ``spot:`` section
+
+ONDEMAND_BILLING = "ondemand-gpus"  # the ledger entry of the trainer and on-demand rollout GPUs
+CONFIG_PRICE_SOURCE = "set in the run config ({key})"
+
+
+def load_run_trace(spot: SpotConfig) -> Trace:
+    """``spot.trace``, or the synthetic trace (Bamboo p3 statistics) seeded by ``spot.seed``."""
+    from roll_spotlight.spot.synthetic import synthetic_trace
+    from roll_spotlight.spot.traces import load_trace
+
+    return load_trace(spot.trace) if spot.trace else synthetic_trace(seed=spot.seed)
+
+
+def training_notice_s(spot: SpotConfig, provider: str) -> float:
+    """The notice in wall seconds: as configured, else the provider's notice compressed like the
+    trace, but at least ``MIN_NOTICE_S``."""
+    if spot.notice_s is not None:
+        return spot.notice_s
+    return max(NOTICE_S_BY_PROVIDER[provider] / spot.compression, MIN_NOTICE_S)
+
+
+def training_market(spot: SpotConfig, trace: Trace | None = None) -> SpotMarket:
+    """The run's market: ``trace`` (default ``load_run_trace``) from ``start_s``, to its end,
+    ``compression`` times faster, at most ``max_workers`` spot nodes alive (the market's cap:
+    a node preempted frees its slot for the trace's next join)."""
+    trace = trace if trace is not None else load_run_trace(spot)
+    return SpotMarket(trace, MarketConfig(
+        notice_s=training_notice_s(spot, trace.provider), victims=spot.victims, seed=spot.seed,
+        compression=spot.compression, start_s=spot.start_s, cap_nodes=spot.max_workers, zones=spot.zones))
+
+
+def training_prices(spot: SpotConfig, trace: Trace) -> PriceTable:
+    """The trace's price table (``gpu_type``'s defaults when set), with the config's overrides."""
+    table = default_prices(spot.gpu_type) if spot.gpu_type else prices_for_trace(trace)
+    prices = dict(table.prices)
+    for kind, key in (("ondemand", "ondemand_usd_per_gpu_hour"), ("spot", "spot_usd_per_gpu_hour")):
+        value = getattr(spot, key)
+        if value is not None:
+            prices = {pool: price for pool, price in prices.items() if pool.partition("/")[0] != kind}
+            prices[kind] = Price(value, CONFIG_PRICE_SOURCE.format(key=f"spot.{key}"))
+    return PriceTable(table.gpu_type, prices)
+
+
+class TrainingSpotPool:
+    """The spot side of one training run: the pool polled on ``clock``, and the run's ledger.
+
+    Both pools bill on the pool clock times the pool's ``bill_scale`` (the market's compression,
+    so GPU-seconds are trace seconds): the ``ondemand_gpus`` (trainer and on-demand rollout
+    workers) from clock 0 to ``close``; each spot node from its NODE_UP to its NODE_DOWN (or
+    ``close``). ``record`` counts the completions the backend collects: how many ran on spot
+    workers, how many were resumed from a committed step, and repeated request ids (the queue
+    promises none).
+    """
+
+    def __init__(self, pool: ElasticSpotPool, ledger: CostLedger, clock: Callable[[], float],
+                 ondemand_gpus: int) -> None:
+        assert ondemand_gpus >= 1, "the trainer alone is one on-demand GPU"
+        self.pool, self.ledger, self.clock = pool, ledger, clock
+        self.ondemand_gpus = ondemand_gpus
+        self._seen: set[int] = set()
+        self.completed_on_spot = self.outputs_resumed = self.duplicate_completions = 0
+        ledger.start(ONDEMAND_BILLING, "ondemand", 0.0, gpus=ondemand_gpus)
+
+    @property
+    def bill_scale(self) -> float:
+        return self.pool.config.bill_scale
+
+    def poll(self) -> None:
+        self.pool.poll(self.clock())
+
+    def record(self, completion) -> None:
+        """Count one collected completion (a ``dispatch.requests.Completion``)."""
+        request_id = completion.request.request_id
+        if request_id in self._seen:
+            self.duplicate_completions += 1
+            return
+        self._seen.add(request_id)
+        self.completed_on_spot += self.pool.owns(completion.worker)
+        self.outputs_resumed += completion.output.resumed_from > 0
+
+    def cost(self) -> CostReport:
+        return self.ledger.report(self.clock() * self.bill_scale)
+
+    def metrics(self, queue: QueueStats) -> dict[str, float]:
+        """Flat counters and costs so far, for a run's metrics row (TensorBoard-friendly keys)."""
+        stats = self.pool.stats
+        counters = {
+            "spot/workers_serving": self.pool.serving, "spot/nodes_started": stats.nodes_up,
+            "spot/preemptions": stats.preemptions, "spot/notices": stats.notices,
+            "spot/notices_late": stats.notices_late, "spot/actor_deaths": stats.actor_deaths,
+            "spot/leases_requeued": stats.leases_requeued, "spot/steps_lost": stats.steps_lost,
+            "spot/commits": queue.commits, "spot/checkpoints": queue.checkpoints,
+            "spot/resumed_from_commit": queue.resumed_from_commit, "spot/outputs_resumed": self.outputs_resumed,
+            "spot/completed_on_spot": self.completed_on_spot, "spot/requests_failed": queue.failed,
+            "spot/duplicate_completions": self.duplicate_completions,
+            "spot/late_completions_rejected": queue.duplicate_completions,
+        }
+        return counters | cost_metrics(self.cost(), self.bill_scale)
+
+    def close(self) -> CostReport:
+        """Stop every spot worker and all billing; returns the run's final cost."""
+        now = self.clock()
+        self.pool.close(now)
+        if ONDEMAND_BILLING in self.ledger.open_nodes:
+            self.ledger.stop(ONDEMAND_BILLING, now * self.bill_scale)
+        return self.ledger.report()
+
+
+def cost_metrics(report: CostReport, bill_scale: float) -> dict[str, float]:
+    """``cost/gpu_s/<pool>`` (billed seconds), ``cost/usd/<pool>``, the totals, and what the same
+    GPU-hours would have cost on demand."""
+    out: dict[str, float] = {"cost/bill_scale": bill_scale}
+    for pool in report.pools:
+        out[f"cost/gpu_s/{pool.pool}"] = pool.gpu_hours * 3600.0
+        out[f"cost/usd/{pool.pool}"] = pool.usd
+    return out | {"cost/usd": report.total_usd, "cost/all_ondemand_usd": report.ondemand_usd,
+                  "cost/savings_usd": report.savings_usd, "cost/savings_fraction": report.savings_fraction}
+
+
+def wall_clock() -> Callable[[], float]:
+    """Seconds since this call (the monotonic clock)."""
+    t0 = time.monotonic()
+    return lambda: time.monotonic() - t0
+
+
+def start_training_pool(spot: SpotConfig, policy_path: str, queue, store, *, ondemand_gpus: int, threads: int = 1,
+                        market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
+                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
+                        ready_timeout_s: float = 120.0) -> TrainingSpotPool:
+    """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
+    the clock starts (nodes alive at the window start are in steady state, not cold-starting).
+    ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
+    failure injection); by default the market comes from ``spot`` and the clock is the wall."""
+    market = market if market is not None else training_market(spot)
+    ledger = CostLedger(training_prices(spot, market.trace))
+    launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
+                                 worker_kwargs=worker_kwargs)
+    pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
+                           SpotPoolConfig(bill_scale=market.config.compression))
+    pool.poll(0.0)
+    if not launcher.wait_ready(ready_timeout_s):
+        log.warning("spot workers of the initial fleet were not ready after %.0f s; training goes on", ready_timeout_s)
+    log.info("spot pool: market %s, %d events over %.0f wall s, notice %.1f s, %d initial worker(s)",
+             market.trace.name, len(market), market.duration_s, market.notice_s, pool.serving)
+    return TrainingSpotPool(pool, ledger, clock or wall_clock(), ondemand_gpus)

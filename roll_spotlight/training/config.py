@@ -9,6 +9,7 @@ This module imports no torch.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -152,6 +153,55 @@ class ExplorationConfig:
 
 
 @dataclass
+class SpotConfig:
+    """Spot rollout workers that come and go as a spot market says (Ray runtime only).
+
+    With `enabled`, the Ray backend runs up to `max_workers` rollout workers on spot GPUs beside the
+    on-demand ones, all pulling from one queue. A market replays `trace` (null: the synthetic market
+    whose parameters come from the shipped traces, `roll_spotlight.spot.synthetic`, seeded by `seed`)
+    from `start_s` trace seconds on, `compression` times faster than real time (the `--speedup` of
+    `spotlight replay`). A worker told of a preemption, `notice_s` wall seconds ahead (null: the
+    provider's notice / compression, at least 2 s), finishes its denoising step and commits it to the
+    queue; another worker resumes it, bit for bit. `commit_every` > 0 also checkpoints every k steps,
+    bounding what a kill without notice loses. Prices (USD per GPU-hour) default to the trace's GPU
+    (`gpu_type` overrides it); `ondemand_usd_per_gpu_hour` / `spot_usd_per_gpu_hour` override the
+    table. `zones` restricts a multi-zone trace; `victims` is the market's rule for count traces.
+    """
+
+    enabled: bool = False
+    trace: str | None = None
+    max_workers: int = 2
+    compression: float = 30.0
+    start_s: float = 0.0
+    notice_s: float | None = None
+    commit_every: int = 0
+    victims: Literal["newest_first", "seeded_random"] = "newest_first"
+    zones: tuple[str, ...] | None = None
+    seed: int = 0
+    gpu_type: str | None = None
+    ondemand_usd_per_gpu_hour: float | None = None
+    spot_usd_per_gpu_hour: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.max_workers >= 1, "spot.max_workers", self.max_workers, "must be >= 1")
+        _require(math.isfinite(self.compression) and self.compression > 0, "spot.compression", self.compression,
+                 "must be a finite number > 0")
+        _require(math.isfinite(self.start_s) and self.start_s >= 0, "spot.start_s", self.start_s,
+                 "must be a finite number >= 0")
+        _require(self.notice_s is None or (math.isfinite(self.notice_s) and self.notice_s > 0), "spot.notice_s",
+                 self.notice_s, "must be null or a finite number > 0")
+        _require(self.commit_every >= 0, "spot.commit_every", self.commit_every, "must be >= 0 (0 = only on notice)")
+        _require(self.victims in ("newest_first", "seeded_random"), "spot.victims", self.victims,
+                 "must be 'newest_first' or 'seeded_random'")
+        _require(self.zones is None or len(self.zones) > 0, "spot.zones", self.zones, "must be null (all) or non-empty")
+        _require(self.trace is None or bool(self.trace), "spot.trace", self.trace, "must be null or a path")
+        for key in ("ondemand_usd_per_gpu_hour", "spot_usd_per_gpu_hour"):
+            value = getattr(self, key)
+            _require(value is None or (math.isfinite(value) and value >= 0), f"spot.{key}", value,
+                     "must be null or a finite number >= 0")
+
+
+@dataclass
 class RunConfig:
     """A whole run: ROLL-style top-level keys plus one section per component."""
 
@@ -170,6 +220,7 @@ class RunConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     train: GRPOConfig = field(default_factory=GRPOConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.exp_name), "exp_name", self.exp_name, "must be non-empty")

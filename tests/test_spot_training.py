@@ -1,0 +1,304 @@
+"""Spot workers in training: the run's `spot:` section, its market, prices and cost ledger (tier 1),
+and a short Ray training run whose one spot worker is preempted mid-rollout (tier 3): the curve and
+every rollout output must equal those of the same run without spot, bit for bit."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from roll_spotlight.configuration import ConfigError, load_config
+from roll_spotlight.dispatch.queue import QueueStats
+from roll_spotlight.runtime.spot_pool import (
+    MIN_NOTICE_S,
+    ElasticSpotPool,
+    MarketSchedule,
+    SpotPoolConfig,
+    TrainingSpotPool,
+    training_market,
+    training_notice_s,
+    training_prices,
+)
+from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, NodeEvent, SpotMarket, Trace
+from roll_spotlight.spot.synthetic import synthetic_trace
+from roll_spotlight.training.config import RunConfig, SpotConfig
+from tests.runtime_helpers import REPO, tiny_config
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tier 1: config, market, prices, ledger
+
+
+def test_spot_is_on_in_the_quickstart_with_the_synthetic_market_and_off_in_the_learning_configs():
+    quick = load_config(RunConfig, REPO / "configs" / "quickstart.yaml").spot
+    assert quick.enabled and quick.trace is None and quick.max_workers >= 1
+    for name in ("tiny_shapes.yaml", "tiny_shapes_spotlight.yaml"):
+        assert not load_config(RunConfig, REPO / "configs" / name).spot.enabled, name
+
+
+@pytest.mark.parametrize("override, key", [
+    ("spot.bogus=1", "spot.bogus"),
+    ("spot.max_workers=0", "spot.max_workers"),
+    ("spot.compression=0", "spot.compression"),
+    ("spot.notice_s=-1", "spot.notice_s"),
+    ("spot.commit_every=-2", "spot.commit_every"),
+    ("spot.victims=oldest", "spot.victims"),
+    ("spot.spot_usd_per_gpu_hour=-1", "spot.spot_usd_per_gpu_hour"),
+])
+def test_bad_spot_keys_fail_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        tiny_config(override)
+
+
+def test_training_market_caps_the_synthetic_fleet_and_compresses_the_notice():
+    spot = SpotConfig(enabled=True, max_workers=2, compression=30.0)
+    market = training_market(spot)
+    assert market.trace.name.startswith("synthetic/") and market.config.cap_nodes == 2
+    alive = max(len(market.alive_at(e.time_s)) for e in market.events)
+    assert alive == 2
+    assert market.notice_s == training_notice_s(spot, "aws") == 120.0 / 30.0
+    assert training_notice_s(dataclasses.replace(spot, compression=600.0), "aws") == MIN_NOTICE_S
+    assert training_notice_s(dataclasses.replace(spot, notice_s=7.5), "gcp") == 7.5
+    downs = [e for e in market.events if e.kind is EventKind.NODE_DOWN]
+    notices = {e.node_id: e.time_s for e in market.events if e.kind is EventKind.NOTICE}
+    assert downs and all(math.isclose(d.time_s - notices[d.node_id], market.notice_s) for d in downs)
+
+
+def test_training_market_reads_a_real_trace_file():
+    path = TRACES / "bamboo-spot-traces" / "aws" / "p3-trace.csv"
+    if not path.is_file():
+        pytest.skip(f"shared traces absent ({path})")
+    market = training_market(SpotConfig(enabled=True, trace=str(path), max_workers=3, compression=60.0))
+    assert market.trace.provider == "aws" and len(market) > 0
+    assert max(len(market.alive_at(e.time_s)) for e in market.events) <= 3
+
+
+def test_prices_default_to_the_traces_gpu_and_config_prices_replace_them_with_a_source():
+    trace = synthetic_trace()
+    table = training_prices(SpotConfig(), trace)
+    assert table.gpu_type == "V100" and table.price("spot").usd_per_gpu_hour < table.price("ondemand").usd_per_gpu_hour
+    custom = training_prices(SpotConfig(spot_usd_per_gpu_hour=1.5, gpu_type="H100"), trace)
+    assert custom.gpu_type == "H100" and custom.price("spot/any-zone").usd_per_gpu_hour == 1.5
+    assert "spot.spot_usd_per_gpu_hour" in custom.price("spot").source
+    assert custom.price("ondemand").usd_per_gpu_hour == pytest.approx(82.52543396 / 8)
+
+
+class FakeLauncher:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def start(self, name, node_id):
+        self.calls.append(("start", name))
+
+    def notify(self, name, seconds_left):
+        self.calls.append(("notify", name))
+
+    def kill(self, name):
+        self.calls.append(("kill", name))
+        return 0
+
+    def requeue(self, name):
+        return 1
+
+    def dead(self):
+        return []
+
+    def stop_all(self):
+        self.calls.append(("stop_all",))
+
+
+def two_node_market() -> SpotMarket:
+    """Node a: 0..100 s, node b: 50 s.. (trace seconds; compression 10, notice 2 wall seconds)."""
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(50.0, "add", "b"), NodeEvent(100.0, "remove", "a"))
+    trace = Trace(name="two", kind="events", measures="running", provider="aws",
+                  zones={"z": EventList(rows, 0.0, 400.0)}, gpu_type="V100")
+    return SpotMarket(trace, MarketConfig(notice_s=2.0, compression=10.0))
+
+
+def completion(request_id: int, worker: str, resumed_from: int = 0):
+    return SimpleNamespace(request=SimpleNamespace(request_id=request_id), worker=worker,
+                           output=SimpleNamespace(resumed_from=resumed_from))
+
+
+def test_training_pool_bills_both_pools_on_one_clock_and_reports_flat_metrics():
+    now = [0.0]
+    market = two_node_market()
+    ledger = CostLedger(training_prices(SpotConfig(), market.trace))
+    pool = ElasticSpotPool(MarketSchedule(market), FakeLauncher(), ledger, SpotPoolConfig(bill_scale=10.0))
+    pool.poll(0.0)
+    spot = TrainingSpotPool(pool, ledger, lambda: now[0], ondemand_gpus=3)
+    now[0] = 9.0
+    spot.poll()  # b up at 5, a notified at 8 (1 s before its deadline)
+    now[0] = 20.0
+    spot.poll()  # a down at 10
+    for c in (completion(0, "ondemand-0"), completion(1, "spot-z/b", resumed_from=2), completion(1, "spot-z/b")):
+        spot.record(c)
+    m = spot.metrics(QueueStats(commits=1, resumed_from_commit=1))
+    counts = (m["spot/nodes_started"], m["spot/notices"], m["spot/preemptions"], m["spot/workers_serving"])
+    assert counts == (2, 1, 1, 1)
+    assert (m["spot/completed_on_spot"], m["spot/outputs_resumed"], m["spot/duplicate_completions"]) == (1, 1, 1)
+    assert m["spot/commits"] == 1 and m["spot/requests_failed"] == 0
+    # on demand: 3 GPUs x 20 s; spot: a 0..10 s, b 5..20 s; all x10 (trace seconds)
+    assert m["cost/gpu_s/ondemand"] == pytest.approx(3 * 20 * 10.0)
+    assert m["cost/gpu_s/spot/z"] == pytest.approx((10 + 15) * 10.0)
+    assert m["cost/usd"] == pytest.approx(m["cost/usd/ondemand"] + m["cost/usd/spot/z"])
+    assert m["cost/usd"] < m["cost/all_ondemand_usd"] and 0 < m["cost/savings_fraction"] < 1
+    now[0] = 30.0
+    final = spot.close()
+    assert ledger.open_nodes == () and pool.launcher.calls[-1] == ("stop_all",)
+    assert final.total_gpu_hours * 3600 == pytest.approx((3 * 30 + 10 + 25) * 10.0)
+
+
+def test_report_shows_the_ledger_and_counters_of_the_last_row(tmp_path):
+    import json
+
+    from roll_spotlight.report import _spot_lines, write_report
+
+    now = [0.0]
+    market = two_node_market()
+    ledger = CostLedger(training_prices(SpotConfig(), market.trace))
+    pool = ElasticSpotPool(MarketSchedule(market), FakeLauncher(), ledger, SpotPoolConfig(bill_scale=10.0))
+    pool.poll(0.0)
+    spot = TrainingSpotPool(pool, ledger, lambda: now[0], ondemand_gpus=2)
+    now[0] = 36.0  # 2 GPUs x 36 s x 10 = 0.2 on-demand GPU-hours
+    metrics = spot.metrics(QueueStats(commits=4))
+    base = {"reward_mean": 0.1, "val_reward": 0.2, "val_reward_se": 0.01, "val_strict": 0.3}
+    rows = [{"step": 1} | base, {"step": 2} | base | metrics]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path).read_text()
+    assert "## Spot workers and cost" in report
+    assert "| ondemand | 0.200 |" in report and "| spot/z |" in report and "| commits | 4 |" in report
+    assert _spot_lines([{"step": 1} | base]) == []
+
+
+def test_train_with_a_missing_trace_fails_before_anything_runs(tmp_path, capsys):
+    from roll_spotlight.cli import main
+
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(REPO / "configs" / "tiny_shapes.yaml"), "--trace",
+                 str(tmp_path / "absent.csv"), "--run-dir", str(run_dir)])
+    assert code == 2 and "--trace" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_trace_flag_turns_spot_on_with_that_market(tmp_path):
+    from roll_spotlight.cli import _with_trace, build_parser
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("x")
+    args = build_parser().parse_args(["train", "--config", "c.yaml", "--trace", str(trace)])
+    cfg = _with_trace(tiny_config(), args.trace)
+    assert cfg.spot.enabled and cfg.spot.trace == str(trace)
+    assert _with_trace(tiny_config(), None).spot == SpotConfig()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tier 3: a Ray training run with a spot worker preempted mid-rollout
+
+NOTICE_AT = 30.0  # pool-clock units (one per read: the market moves only while the backend polls)
+NOTICE_S = 3.0
+HOLD_AT_STEP = 2
+IGNORED_KEYS = ("rollout_s", "reward_s", "train_s", "iteration_s")
+
+
+class CountingClock:
+    """Advances one unit per read, so market time passes only while the backend polls the pool."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def one_spot_node_market(spot: SpotConfig) -> SpotMarket:
+    """The synthetic generator with one node and no replacement: n0 up at 0, its notice at clock
+    NOTICE_AT, its NODE_DOWN NOTICE_S later (compression chosen so)."""
+    trace = synthetic_trace(nodes=1, mtbp_s=600.0, mean_batch=1.0, span_s=1_200.0, replace_delay_s=10_000.0, seed=3)
+    down = next(ev.time_s for ev in trace.zones["synthetic"].events if ev.op == "remove")
+    spot = dataclasses.replace(spot, compression=down / (NOTICE_AT + NOTICE_S), notice_s=NOTICE_S)
+    market = training_market(spot, trace)
+    assert [(e.kind, e.node_id) for e in market.events] == [
+        (EventKind.NODE_UP, "synthetic/n0"), (EventKind.NOTICE, "synthetic/n0"), (EventKind.NODE_DOWN, "synthetic/n0")]
+    assert market.events[1].time_s == pytest.approx(NOTICE_AT)
+    return market
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
+
+    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=1, spot_pool_slots=2))
+    yield ray
+    ray.shutdown()
+
+
+def recorded(backend) -> list:
+    """Wrap the backend's rollouts so every output it returns is kept, in order."""
+    outputs: list = []
+    rollouts = backend.rollouts
+
+    def record(specs):
+        out = rollouts(specs)
+        outputs.extend(out)
+        return out
+
+    backend.rollouts = record
+    return outputs
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in IGNORED_KEYS and not k.startswith(("spot/", "cost/"))}
+            for r in rows]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_path, ray_cluster):
+    import torch
+
+    from roll_spotlight.runtime.coordinator import Coordinator
+    from roll_spotlight.runtime.local import LocalBackend
+    from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
+    from roll_spotlight.training.metrics import read_metrics
+    from tests.runtime_helpers import random_policy, save_random_policy
+
+    torch.set_num_threads(1)
+    cfg = tiny_config("rollout_batch_size=4", "spot.enabled=true", "spot.commit_every=1")
+    off = dataclasses.replace(cfg, spot=SpotConfig())
+    reference = LocalBackend(off, random_policy(off))  # the reference loop; test_runtime_ray: Ray == local
+    ref_outputs = recorded(reference)
+    ref = Coordinator(off, reference, tmp_path / "off", progress=False).run()
+
+    hold = lambda node: {"hold_at_step": HOLD_AT_STEP} if node == "synthetic/n0" else {}  # noqa: E731
+    backend = RayBackend(cfg, save_random_policy(cfg, tmp_path / "policy.pt"), RayClusterConfig(ondemand_workers=1),
+                         spot_market=one_spot_node_market(cfg.spot), spot_clock=CountingClock(),
+                         spot_worker_kwargs=hold)
+    outputs = recorded(backend)
+    try:
+        result = Coordinator(cfg, backend, tmp_path / "on", progress=False).run()
+    finally:
+        backend.close()
+
+    rows, ref_rows = read_metrics(tmp_path / "on"), read_metrics(tmp_path / "off")
+    assert comparable(rows) == comparable(ref_rows)
+    assert np.array_equal(result.base.rewards, ref.base.rewards)
+    assert np.array_equal(result.final.rewards, ref.final.rewards)
+    assert len(outputs) == len(ref_outputs) == cfg.max_steps * cfg.rollout_batch_size * cfg.train.group_size
+    mismatched = sum(not (np.array_equal(a.latents, b.latents) and np.array_equal(a.log_probs, b.log_probs)
+                          and np.array_equal(a.image, b.image)) for a, b in zip(outputs, ref_outputs))
+    assert mismatched == 0
+    spot = rows[-1]
+    assert spot["spot/notices"] == 1 and spot["spot/preemptions"] == 1, "n0 was parked until its notice"
+    assert sum(o.resumed_from > 0 for o in outputs) >= 1 and spot["spot/outputs_resumed"] >= 1
+    assert (spot["spot/requests_failed"], spot["spot/duplicate_completions"], spot["spot/late_completions_rejected"]) \
+        == (0, 0, 0)
+    assert spot["cost/gpu_s/spot/synthetic"] > 0 and spot["cost/usd"] < spot["cost/all_ondemand_usd"]
