@@ -42,6 +42,7 @@ def test_config_round_trip_through_dacite(workdir):
     again = from_mapping(to_mapping(cfg))
     assert isinstance(again, SpotlightConfig)
     assert again.sections == cfg.sections and again.to_run_config() == cfg.to_run_config()
+    assert again.exploration == cfg.to_run_config().exploration  # the standalone host's section
     for role in ("trainer", "rollout", "explorer", "reward"):
         assert getattr(again, role).worker_cls == getattr(cfg, role).worker_cls
         assert getattr(again, role).world_size == getattr(cfg, role).world_size
@@ -53,6 +54,13 @@ def test_unknown_spotlight_key_fails_although_dacite_is_lenient(workdir):
 
     with pytest.raises(ConfigError, match="spot.max_wrokers"):
         _tiny_config(workdir, "+spot.max_wrokers=3")
+
+
+def test_trainer_on_several_ranks_fails_at_parse_time_with_the_fix(workdir):
+    from roll_spotlight.configuration import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.world_size=2.*list\(range\(0,1\)\)"):
+        _tiny_config(workdir, "trainer.world_size=2")
 
 
 def test_worker_names_resolve_to_roll_workers(workdir):
@@ -88,28 +96,76 @@ def test_launcher_check_mode(workdir, capsys):
     assert "tiny_shapes_roll: OK" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-@pytest.mark.ray
-def test_pipeline_runs_two_iterations_on_cpu_clusters_like_the_reference(workdir):
-    import ray
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
-    from roll_spotlight.roll import SpotlightPipeline
+
+def _run_like_the_reference(workdir: Path, name: str, pipeline_cls, *overrides: str) -> list[dict]:
+    """Two iterations through SpotlightPipeline, then the in-process reference loop on the same
+    run config: rollouts are pure functions of (weights, prompt, seed, schedule), so the curves
+    must agree whoever ran each request. Returns the pipeline's metrics rows."""
     from roll_spotlight.training.loop import run_training
 
-    cfg = _tiny_config(workdir)
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        pipeline = SpotlightPipeline(cfg)
-        assert pipeline.rollout.world_size == 2 and pipeline.resource_manager.gpu_per_node == 0
-        result = pipeline.run()
-    finally:
-        ray.shutdown()
-    rows = [json.loads(line) for line in (pipeline.run_dir / "metrics.jsonl").read_text().splitlines()]
+    cfg = _tiny_config(workdir, f"exp_name={name}", *overrides)
+    pipeline = pipeline_cls(cfg)
+    assert pipeline.rollout.world_size == 2 and pipeline.resource_manager.gpu_per_node == 0
+    result = pipeline.run()
+    rows = _rows(pipeline.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [r["weight_version"] for r in rows[1:]] == [1, 2]
-    reference = run_training(cfg.to_run_config(), workdir / "reference", progress=False)
-    ref_rows = [json.loads(line) for line in (workdir / "reference" / "metrics.jsonl").read_text().splitlines()]
-    for got, want in zip(rows[1:], ref_rows[1:]):
+    reference = run_training(cfg.to_run_config(), workdir / f"{name}-reference", progress=False)
+    for got, want in zip(rows[1:], _rows(workdir / f"{name}-reference" / "metrics.jsonl")[1:]):
         assert got["reward_mean"] == pytest.approx(want["reward_mean"], abs=1e-3)
         assert got["trained_samples"] == want["trained_samples"]
+        assert got.get("explored_seeds") == want.get("explored_seeds")
     assert result.final.mean == pytest.approx(reference.final.mean, abs=1e-3)
+    return rows
+
+
+@pytest.fixture
+def local_ray():
+    """A fresh local Ray per run: ROLL names its cluster actors (trainer-0, ...) in one namespace."""
+    import ray
+
+    ray.init(num_cpus=2, resources={"spot_gpu": 2}, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+def _spot_pipeline_cls():
+    """SpotlightPipeline whose pool replays a market of one spot node that joins at once and stays."""
+    from roll_spotlight.roll import SpotlightPipeline
+    from roll_spotlight.runtime.spot_pool import start_training_pool, training_market
+    from roll_spotlight.spot import EventList, NodeEvent, Trace
+
+    trace = Trace(name="one-node", kind="events", measures="running", provider="aws",
+                  zones={"z": EventList((NodeEvent(0.0, "add", "a"),), 0.0, 1e6)}, gpu_type="V100")
+
+    class OneSpotNode(SpotlightPipeline):
+        def make_spot_pool(self, queue):
+            self._check_spot(self.pipeline_config)
+            spot = self.pipeline_config.spot.run_config()
+            return start_training_pool(spot, self.base_path, queue, self.store, ondemand_gpus=3,
+                                       market=training_market(spot, trace))
+
+    return OneSpotNode
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_pull_queue_with_a_spot_worker_trains_like_the_reference(workdir, local_ray):
+    rows = _run_like_the_reference(workdir, "pull_spot", _spot_pipeline_cls(), "dispatch.mode=pull",
+                                   "spot.enabled=true", "exploration.mode=off")
+    assert rows[2]["spot/nodes_started"] == 1 and rows[2]["spot/requests_failed"] == 0
+    assert rows[2]["spot/duplicate_completions"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_static_dispatch_with_exploration_trains_like_the_reference(workdir, local_ray):
+    from roll_spotlight.roll import SpotlightPipeline
+
+    rows = _run_like_the_reference(workdir, "static_fresh", SpotlightPipeline, "dispatch.mode=static",
+                                   "spot.enabled=false", "exploration.mode=fresh", "exploration.seeds_per_prompt=4",
+                                   "exploration.seeds_per_pull=2")
+    assert all(r["explored_seeds"] > 0 for r in rows[1:])

@@ -2,6 +2,7 @@
 components, and the adapter imports without ROLL. Tests marked `roll` also parse with ROLL."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,30 @@ def test_vanilla_twin_differs_only_in_spotlight_components(path):
     changed = {k for k in spotlight.keys() | vanilla.keys() if spotlight.get(k, object()) != vanilla.get(k, object())}
     outside = {k for k in changed if k != "exp_name" and k.split(".")[0] not in COMPONENT_KEYS}
     assert not outside, f"the vanilla twin also changes {sorted(outside)}"
-    assert {"exploration.enabled", "spot.enabled"} <= changed
+    assert {"exploration.mode", "spot.enabled"} <= changed
     v_sections, _ = validate_recipe(load_yaml(path.parent / f"{path.stem}_vanilla.yaml"))
-    assert not v_sections.exploration.enabled and not v_sections.spot.enabled
+    assert v_sections.exploration.mode == "off" and not v_sections.spot.enabled
     assert v_sections.dispatch.mode == "static"
+
+
+def test_shared_sections_are_the_standalone_hosts_classes():
+    """A key means the same in a ROLL recipe and a `spotlight train` YAML: one class per section."""
+    from roll_spotlight.dispatch.queue import QueueConfig
+    from roll_spotlight.roll.sections import DispatchConfig, SpotConfig, SpotlightSections
+    from roll_spotlight.training import config as run
+
+    hints = {f.name: f.type for f in dataclasses.fields(SpotlightSections)}
+    for section, cls in (("exploration", "ExplorationConfig"), ("sampling", "SamplingConfig"), ("train", "GRPOConfig"),
+                         ("task", "TaskConfig"), ("pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig")):
+        assert hints[section] == cls, section
+        assert getattr(run, cls).__module__ == "roll_spotlight.training.config"
+    assert issubclass(SpotConfig, run.SpotConfig) and issubclass(DispatchConfig, QueueConfig)
+    data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
+    data["spot"] = {"enabled": True, "max_workers": 3, "compression": 10.0}
+    sections, run_cfg = validate_recipe(data)
+    assert run_cfg.spot == run.SpotConfig(enabled=True, max_workers=3, compression=10.0)
+    assert run_cfg.exploration is sections.exploration and run_cfg.exploration.mode == "stale"
+    assert sections.dispatch.queue_config() == QueueConfig()
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -63,6 +84,10 @@ def test_vanilla_twin_differs_only_in_spotlight_components(path):
     ({"dispatch": {"mode": "push"}}, "dispatch.mode"),
     ({"spot": {"node_label": "spot"}}, "spot.node_label"),
     ({"actor_infer": {"worker_cls": "x"}}, "actor_infer"),
+    ({"exploration": {"enabled": True}}, "exploration.enabled"),
+    ({"exploration": {"seeds_per_prompt": 4}}, "exploration.seeds_per_prompt"),
+    ({"dispatch": {"lease_s": 0}}, "lease_s"),
+    ({"spot": {"enabled": True}, "dispatch": {"mode": "static"}}, "dispatch.mode"),
 ])
 def test_bad_recipes_fail_naming_the_key(change, fragment):
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")

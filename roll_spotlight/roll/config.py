@@ -14,6 +14,8 @@ Fitting ROLL's ``BaseConfig`` (v0.3.0):
   not become tuples. The Spotlight sections are therefore declared as mappings for dacite and parsed
   in ``__post_init__`` by our strict loader into their dataclasses (unknown keys are errors).
 - ``track_with`` defaults to ``stdout``: ROLL's default, tensorboard, is not installed by ROLL.
+- The trainer runs on one rank: a recipe whose ``trainer`` spans several GPUs fails here, at
+  parse time, with the fix in the message (docs/roll.md, "What to expect").
 """
 from __future__ import annotations
 
@@ -30,23 +32,13 @@ from roll_spotlight.configuration import ConfigError
 from roll_spotlight.roll.sections import (
     COMPONENT_KEYS,
     ROLE_NAMES,
-    DispatchConfig,
-    ElasticConfig,
-    ExplorationConfig,
-    SpotConfig,
+    RUN_KEYS,
+    SECTION_KEYS,
     SpotlightSections,
     parse_sections,
     run_config,
 )
-from roll_spotlight.models.config import ModelConfig
-from roll_spotlight.training.config import (
-    GRPOConfig,
-    PretrainConfig,
-    RewardConfig,
-    RunConfig,
-    SamplingConfig,
-    TaskConfig,
-)
+from roll_spotlight.training.config import RunConfig
 
 DUMMY_SEQUENCE_LENGTH = 1
 PIPELINE_CLS = "roll_spotlight.roll.pipeline.SpotlightPipeline"
@@ -79,14 +71,15 @@ class SpotlightConfig(BaseConfig):
     sampling: Section = field(default_factory=dict, metadata={"help": "SamplingConfig (rollout schedule)"})
     train: Section = field(default_factory=dict, metadata={"help": "GRPOConfig (Flow-GRPO knobs)"})
     reward_fn: Section = field(default_factory=dict, metadata={"help": "RewardConfig (what `reward` computes)"})
-    exploration: Section = field(default_factory=dict, metadata={"help": "ExplorationConfig"})
+    exploration: Section = field(default_factory=dict,
+                                 metadata={"help": "ExplorationConfig (the standalone host's section)"})
     spot: Section = field(default_factory=dict, metadata={"help": "SpotConfig (spot pool, traces)"})
     elastic: Section = field(default_factory=dict, metadata={"help": "ElasticConfig (elastic SP)"})
     dispatch: Section = field(default_factory=dict, metadata={"help": "DispatchConfig (request scheduling)"})
 
     def __post_init__(self) -> None:
-        sections = parse_sections({f: getattr(self, f) for f in _section_names()}, source=self.exp_name)
-        for name in _section_names():
+        sections = parse_sections({f: getattr(self, f) for f in SECTION_KEYS}, source=self.exp_name)
+        for name in SECTION_KEYS:
             setattr(self, name, getattr(sections, name))
         super().__post_init__()
         for role in ROLE_NAMES:
@@ -102,25 +95,23 @@ class SpotlightConfig(BaseConfig):
         if not isinstance(worker.world_size, int) or worker.world_size < 1:
             raise ConfigError(f"{role}.world_size must be >= 1 (or set {role}.device_mapping), "
                               f"got {worker.world_size!r}")
+        if role == "trainer" and worker.world_size != 1:
+            raise ConfigError(f"trainer.world_size={worker.world_size}: the ROLL host trains on one rank (no "
+                              "data-parallel Flow-GRPO trainer yet); give the trainer one GPU "
+                              "(device_mapping: list(range(0,1))) and the other GPUs to rollout")
 
     @property
     def sections(self) -> SpotlightSections:
-        return SpotlightSections(**{name: getattr(self, name) for name in _section_names()})
+        return SpotlightSections(**{name: getattr(self, name) for name in SECTION_KEYS})
 
     def to_run_config(self) -> RunConfig:
         """Our single-process RunConfig with the same run keys and DiT sections."""
-        return run_config({k: getattr(self, k) for k in ("exp_name", "seed", "output_dir", "max_steps",
-                                                          "eval_steps", "save_steps", "rollout_batch_size",
-                                                          "track_with")}, self.sections)
+        return run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections)
 
     @property
     def components(self) -> dict[str, Any]:
         """The Spotlight component sections (the keys a vanilla twin switches off)."""
         return {key: getattr(self, key) for key in COMPONENT_KEYS}
-
-
-def _section_names() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(SpotlightSections))
 
 
 def from_mapping(data: dict, *, check_types: bool = True) -> SpotlightConfig:
@@ -208,6 +199,4 @@ def _launcher_args(argv: list[str]) -> tuple[str, str] | None:
     return known.config_path, known.config_name
 
 
-__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "coerce", "DUMMY_SEQUENCE_LENGTH",
-           "ModelConfig", "PretrainConfig", "TaskConfig", "SamplingConfig", "GRPOConfig", "RewardConfig",
-           "ExplorationConfig", "SpotConfig", "ElasticConfig", "DispatchConfig"]
+__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "coerce", "DUMMY_SEQUENCE_LENGTH"]

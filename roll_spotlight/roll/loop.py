@@ -1,22 +1,30 @@
 """The iteration loop behind ``SpotlightPipeline.run()``: the runtime's Coordinator on ROLL clusters.
 
 There is one iteration loop, ``roll_spotlight.runtime.coordinator.Coordinator``, shared by every
-host. This module supplies its backend for ROLL: `RollClusterBackend` runs each phase on the
-pipeline's static ROLL clusters (rollout and reward data-parallel, trainer on one rank, weights
-pushed to every rollout rank after each update). `drive` is the single switch point between the
-pipeline and the loop.
+host; it drives exploration (stale or fresh, with the rank-correlation fallback), checkpoints and
+validation. This module supplies its backend for ROLL, `RollClusterBackend`:
 
-Rollouts here are split statically by rank (``dispatch.mode: static``, ROLL's own way); the pull
-queue, spot explorers and elastic SP belong to the runtime's Ray backend and pool, which a
-pipeline supplies through ``make_spot_pool``.
+    Coordinator --rollouts/explore--> RolloutDispatch --+-- static: each rollout rank runs its share
+                                                        +-- pull:   QueueActor <-- rollout ranks drain
+                                                                               <-- spot workers pull
+                                                                                   (elastic pool, polled)
+                --score--> reward cluster (each rank its share)
+                --start_train/training/finish_train--> trainer cluster --publish v--> WeightStore
+                                                                  rollout ranks, spot workers fetch v
+
+The trainer's update runs without blocking the driver, so stale exploration (the prompts of t+1
+explored with the weights of t) proceeds while it trains, through the same dispatch.
+`drive` is the single switch point between the pipeline and the loop.
 """
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
+from typing import Protocol, Sequence
 
 import numpy as np
+import ray
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +40,107 @@ def drive(pipeline):
         backend.close()
 
 
+def split_even(items: Sequence, parts: int) -> list[list]:
+    """`items` in `parts` contiguous chunks whose sizes differ by at most one (some may be empty)."""
+    assert parts >= 1, parts
+    size, extra = divmod(len(items), parts)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(parts)])
+    return [list(items[bounds[i]:bounds[i + 1]]) for i in range(parts)]
+
+
+def concat(chunks: list[list]) -> list:
+    return [item for chunk in chunks for item in chunk]
+
+
+class RolloutDispatch(Protocol):
+    """How rollout and explore requests reach workers (``dispatch.mode``)."""
+
+    def run(self, specs: list) -> list: ...  # RolloutOutput in the order of specs
+    def tick(self) -> None: ...  # called while the driver waits (spot pool events)
+    def metrics(self) -> dict: ...
+    def close(self) -> None: ...
+
+
+class StaticDispatch:
+    """Each rollout rank runs a fixed contiguous share of the batch (ROLL's way; the vanilla baseline)."""
+
+    def __init__(self, rollout) -> None:
+        self.rollout = rollout
+
+    def run(self, specs: list) -> list:
+        return concat(self.rollout.rollouts(split_even(specs, self.rollout.world_size)))
+
+    def tick(self) -> None:
+        pass
+
+    def metrics(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class PullDispatch:
+    """Requests go to the run's queue actor; on-demand rollout ranks drain it, spot workers pull.
+
+    A drain returns when the queue has nothing pending, but requests leased to spot workers may
+    come back (a preemption commits or requeues them), so drains are restarted while requests are
+    pending. Results are collected in request-id order, so the outputs do not depend on who ran them.
+    """
+
+    def __init__(self, rollout, queue, spot=None, poll_s: float = 0.02) -> None:
+        self.rollout, self.queue, self.spot, self.poll_s = rollout, queue, spot, poll_s
+
+    def run(self, specs: list) -> list:
+        ids = ray.get(self.queue.submit.remote(list(specs)))
+        done: dict[int, object] = {}
+        drains: list = []
+        while len(done) < len(ids):
+            self.tick()
+            for completion in ray.get(self.queue.take_results.remote()):
+                done[completion.request.request_id] = completion.output
+                if self.spot is not None:
+                    self.spot.record(completion)
+            drains = self._keep_draining(drains)
+            if len(done) < len(ids):
+                time.sleep(self.poll_s)
+        ray.get(drains)
+        return [done[i] for i in ids]
+
+    def _keep_draining(self, drains: list) -> list:
+        """Restart the rollout ranks' drains once they all returned and requests are pending again."""
+        if drains and len(ray.wait(drains, num_returns=len(drains), timeout=0)[0]) < len(drains):
+            return drains
+        ray.get(drains)  # surfaces a rank's error
+        failed = ray.get(self.queue.failed.remote())
+        if failed:
+            raise RuntimeError(f"{len(failed)} request(s) failed for good (dispatch.max_attempts): {failed[0]}")
+        pending, _ = ray.get(self.queue.counts.remote())
+        return self.rollout.drain(self.queue, blocking=False) if pending else []
+
+    def tick(self) -> None:
+        if self.spot is not None:
+            self.spot.poll()
+
+    def metrics(self) -> dict:
+        if self.spot is None:
+            return {}
+        self.spot.poll()
+        return self.spot.metrics(ray.get(self.queue.stats.remote()))
+
+    def close(self) -> None:
+        if self.spot is not None:
+            cost = self.spot.close()
+            logger.info("spot pool closed: %s; cost %.4f USD vs %.4f USD all on demand",
+                        self.spot.pool.stats, cost.total_usd, cost.ondemand_usd)
+
+
 class RollClusterBackend:
-    """The Coordinator's Backend over ROLL clusters ``trainer``, ``rollout`` and ``reward``."""
+    """The Coordinator's Backend over the pipeline's ROLL clusters and its rollout dispatch."""
 
     def __init__(self, pipeline) -> None:
-        self.trainer, self.rollout, self.reward = pipeline.trainer, pipeline.rollout, pipeline.reward
+        self.trainer, self.reward = pipeline.trainer, pipeline.reward
+        self.dispatch: RolloutDispatch = pipeline.dispatch
         self.tracker = pipeline.tracker
         self.weight_version = 0
         self._timeline: list[dict] = []
@@ -44,34 +148,44 @@ class RollClusterBackend:
     def _phase(self, phase: str, start: float) -> None:
         self._timeline.append({"worker": "roll", "phase": phase, "start": start, "end": time.monotonic()})
 
-    def rollouts(self, specs: list) -> list:
+    def rollouts(self, specs: list, phase: str = "rollout") -> list:
         t0 = time.monotonic()
-        outputs = self.rollout.rollouts(list(specs))
-        self._phase("rollout", t0)
+        outputs = self.dispatch.run(list(specs))
+        self._phase(phase, t0)
         return outputs
+
+    def explore(self, specs: list) -> list:
+        """Explore requests carry the stale version; the weight store still holds it."""
+        return self.rollouts(specs, phase="explore")
 
     def score(self, images: np.ndarray, prompts: list[str]):
         from roll_spotlight.rewards import RewardOutput
 
         t0 = time.monotonic()
-        pairs = self.reward.score(list(images), list(prompts))
+        world = self.reward.world_size
+        pairs = concat(self.reward.score(split_even(list(images), world), split_even(list(prompts), world)))
         self._phase("reward", t0)
         rewards, fallback = (np.asarray(col, dtype=np.float64) for col in zip(*pairs))
         return RewardOutput(rewards, {"reward_fallback": fallback})
 
-    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray) -> dict:
-        t0 = time.monotonic()
-        metrics = self.trainer.train(outputs, prompts, group_ids, rewards)
-        self._push_weights()
+    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray):
+        """Start one update on the trainer cluster without waiting: (refs, start time)."""
+        refs = self.trainer.train(outputs, list(prompts), group_ids, rewards, blocking=False)
+        return refs, time.monotonic()
+
+    def training(self, handle) -> bool:
+        refs, _ = handle
+        self.dispatch.tick()
+        return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)
+
+    def finish_train(self, handle) -> dict:
+        refs, t0 = handle
+        metrics, self.weight_version = ray.get(refs)[0]
         self._phase("train", t0)
+        metrics = metrics | self.dispatch.metrics()
         self.tracker.log(values={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
                          step=self.weight_version)
         return metrics
-
-    def _push_weights(self) -> None:
-        state, version = self.trainer.get_weights()
-        self.rollout.load_weights(state, version)
-        self.weight_version = version
 
     def evaluate(self):
         t0 = time.monotonic()
@@ -83,11 +197,10 @@ class RollClusterBackend:
         self.trainer.save_checkpoint(str(path))
 
     def load_checkpoint(self, path: Path) -> None:
-        self.trainer.load_checkpoint(str(path))
-        self._push_weights()
+        self.weight_version = self.trainer.load_checkpoint(str(path))
 
     def timeline(self) -> list[dict]:
         return list(self._timeline)
 
     def close(self) -> None:
-        pass
+        self.dispatch.close()

@@ -3,8 +3,10 @@
 This module imports ROLL; reach it through ``roll_spotlight.roll.SpotlightPipeline``.
 
 Resources. The on-demand roles (trainer, rollout, reward) are ROLL ``Cluster`` s placed by ROLL's
-``ResourceManager``; the spot explorers live in our elastic pool on Ray, beside them, because ROLL
-clusters are created once and never grow, shrink or replace a worker. The two never compete for a
+``ResourceManager``; the spot workers live in the runtime's elastic pool on Ray, beside them, because
+ROLL clusters are created once and never grow, shrink or replace a worker. With ``dispatch.mode:
+pull`` both pull from one request queue; the trainer publishes each weight version to a weight
+store that the rollout ranks and the spot workers fetch from (`roll_spotlight.roll.loop`). The two never compete for a
 GPU: spot nodes advertise their GPUs only as the custom resource ``spot.resource`` (``spot_gpu``,
 see deploy/kuberay), so ROLL, which counts Ray's ``GPU`` resource, sees on-demand GPUs only.
 
@@ -25,6 +27,7 @@ from roll.pipeline.base_pipeline import BasePipeline
 from roll_spotlight import plugins
 from roll_spotlight.roll.config import SpotlightConfig, coerce
 from roll_spotlight.roll.environment import check_environment
+from roll_spotlight.roll.sections import SPOT_RESOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +38,22 @@ class SpotlightPipeline(BasePipeline):
     """ROLL pipeline: static on-demand clusters + the elastic spot pool, one iteration loop."""
 
     def __init__(self, pipeline_config) -> None:
+        from roll_spotlight.weights import WeightStore
+
         cfg: SpotlightConfig = coerce(pipeline_config)
         check_environment()
-        self._check_world_sizes(cfg)
+        plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
         cfg.num_gpus_per_node, cfg.num_nodes = self.plan_resources(cfg)
         super().__init__(cfg)
         self.run_config = cfg.to_run_config()
         self.run_dir = Path(cfg.output_dir) / cfg.exp_name
         self.clusters = {role: self.make_cluster(role) for role in STATIC_ROLES}
         self.trainer, self.rollout, self.reward = (self.clusters[r] for r in STATIC_ROLES)
-        self.spot_pool = self.make_spot_pool()
-        base_path = self.prepare_base_policy()
+        self.base_path = self.prepare_base_policy()
+        self.store = WeightStore.create(keep=2)  # version t for exploration while t+1 trains
         for cluster in self.clusters.values():
-            cluster.initialize(pipeline_config=cfg, base_path=base_path, blocking=True)
+            cluster.initialize(pipeline_config=cfg, base_path=self.base_path, store=self.store, blocking=True)
+        self.dispatch = self.make_dispatch()
 
     def plan_resources(self, cfg: SpotlightConfig) -> tuple[int, int]:
         """(num_gpus_per_node, num_nodes) for ROLL's ResourceManager. Override for custom clusters."""
@@ -65,14 +71,42 @@ class SpotlightPipeline(BasePipeline):
         return Cluster(name=role, worker_cls=worker_cls, resource_manager=self.resource_manager,
                        worker_config=worker_config)
 
-    def make_spot_pool(self):
-        """The elastic pool of spot explorers; None until the runtime's pool is wired in (see loop.drive)."""
+    def make_dispatch(self):
+        """``dispatch.mode``: the rollout ranks' static shares, or the shared queue (+ spot pool)."""
+        from roll_spotlight.roll.loop import PullDispatch, StaticDispatch
+
         cfg = self.pipeline_config
-        if cfg.spot.enabled or cfg.exploration.enabled or cfg.dispatch.mode == "pull":
-            logger.warning("spot.enabled=%s exploration.enabled=%s dispatch.mode=%s: the ROLL host does not run "
-                           "the spot pool, exploration or the pull queue yet; it trains on the static clusters",
-                           cfg.spot.enabled, cfg.exploration.enabled, cfg.dispatch.mode)
-        return None
+        if cfg.dispatch.mode == "static":
+            return StaticDispatch(self.rollout)
+        from roll_spotlight.dispatch.actor import create_queue_actor
+
+        queue = create_queue_actor(cfg.dispatch.queue_config())
+        return PullDispatch(self.rollout, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
+
+    def make_spot_pool(self, queue):
+        """The elastic pool of spot workers pulling from `queue` (runtime.spot_pool), started now.
+
+        Override to supply another market, clock or worker arguments (tests do). The pool's workers
+        are the runtime's pull workers, which load the tiny base from a checkpoint file, and ask Ray
+        for one unit of ``spot_gpu`` each.
+        """
+        from roll_spotlight.runtime.spot_pool import start_training_pool
+
+        cfg = self.pipeline_config
+        self._check_spot(cfg)
+        ondemand = sum(getattr(cfg, role).world_size for role in ("trainer", "rollout"))
+        return start_training_pool(cfg.spot.run_config(), self.base_path, queue, self.store, ondemand_gpus=ondemand)
+
+    def _check_spot(self, cfg: SpotlightConfig) -> None:
+        if self.run_config.model.preset != "tiny":
+            raise ValueError(f"spot.enabled with model.preset={self.run_config.model.preset!r}: the spot pool's "
+                             "workers load only the tiny preset so far; set spot.enabled=false")
+        if cfg.spot.resource != SPOT_RESOURCE:
+            raise ValueError(f"spot.resource={cfg.spot.resource!r}: the spot pool's workers ask Ray for "
+                             f"{SPOT_RESOURCE!r} so far")
+        if ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:
+            raise ValueError(f"spot.enabled needs the Ray resource {SPOT_RESOURCE!r}, which this cluster lacks "
+                             "(spot nodes declare it; see deploy/kuberay)")
 
     def prepare_base_policy(self) -> str | None:
         """Pretrain (or load from cache) the tiny base once, here, so workers only load it."""
@@ -82,17 +116,6 @@ class SpotlightPipeline(BasePipeline):
 
         _, meta = load_or_pretrain(self.run_config, progress=False)
         return meta["path"]
-
-    def _check_world_sizes(self, cfg: SpotlightConfig) -> None:
-        if cfg.trainer.world_size != 1:
-            raise ValueError(f"trainer.world_size={cfg.trainer.world_size}: the ROLL host trains on one rank "
-                             "until a data-parallel trainer strategy lands; use one trainer GPU")
-        samples = cfg.rollout_batch_size * cfg.train.group_size
-        for role in ("rollout", "reward"):
-            world = getattr(cfg, role).world_size
-            if samples % world:
-                raise ValueError(f"{role}.world_size={world} must divide rollout_batch_size x train.group_size "
-                                 f"= {samples} (ROLL chunks the batch evenly by rank)")
 
     def run(self):
         """The shared iteration loop (runtime Coordinator) on this pipeline's clusters; its RunResult."""

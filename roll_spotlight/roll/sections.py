@@ -5,15 +5,19 @@ A ROLL recipe for Spotlight has three kinds of keys:
 - ROLL's own top-level keys (``exp_name``, ``seed``, ``max_steps``, ``num_gpus_per_node``, ...),
   read by ROLL's ``BaseConfig``;
 - the DiT roles ``trainer``, ``rollout``, ``explorer``, ``reward`` (ROLL ``WorkerConfig`` s);
-- the Spotlight sections below plus the DiT sections of our run config (``model``, ``pretrain``,
-  ``task``, ``sampling``, ``train``, ``reward_fn``).
+- the sections of our run config (``model``, ``pretrain``, ``task``, ``sampling``, ``train``,
+  ``exploration``: `roll_spotlight.training.config`'s classes, so every key means what it means in
+  the standalone ``spotlight train`` YAML; only the reward section is called ``reward_fn``, because
+  ``reward`` is ROLL's role) plus the Spotlight sections below (``spot``, ``elastic``,
+  ``dispatch``), which extend the standalone ``spot`` section and the queue's ``QueueConfig`` with
+  ROLL-only keys.
 
 The sections are parsed by our strict loader (`roll_spotlight.configuration.from_dict`), never by
 dacite: ROLL's dacite call drops unknown keys silently, so a typo such as ``spot.max_wrokers`` would
 quietly run another experiment. `SpotlightConfig` (which needs ROLL) stores them as these dataclasses;
 `validate_recipe` checks the same sections of a recipe file when ROLL is not installed.
 
-The component switches (``exploration.enabled``, ``spot.enabled``, ``elastic.enabled``,
+The component switches (``exploration.mode``, ``spot.enabled``, ``elastic.enabled``,
 ``dispatch.mode``) are the only keys a vanilla twin of a recipe changes.
 """
 from __future__ import annotations
@@ -24,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from roll_spotlight.configuration import ConfigError, from_dict
+from roll_spotlight.dispatch.queue import QueueConfig
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.training.config import (
+    ExplorationConfig,
     GRPOConfig,
     PretrainConfig,
     RewardConfig,
@@ -33,11 +39,13 @@ from roll_spotlight.training.config import (
     SamplingConfig,
     TaskConfig,
 )
+from roll_spotlight.training.config import SpotConfig as RunSpotConfig
+
+SPOT_RESOURCE = "spot_gpu"  # what the runtime's spot workers ask Ray for (runtime.spot_pool)
 
 ROLE_NAMES = ("trainer", "rollout", "explorer", "reward")
 COMPONENT_KEYS = ("exploration", "spot", "elastic", "dispatch")
 ROLL_TRACKERS_WE_MIRROR = {"tensorboard": "tensorboard"}  # any other ROLL tracker: we write jsonl
-PROVIDERS = ("aws", "gcp", "azure")
 
 
 def _check(cond: bool, key: str, value: Any, rule: str) -> None:
@@ -50,71 +58,25 @@ def _positive_int(key: str, value: Any, minimum: int = 1) -> None:
            key, value, f"must be an integer >= {minimum}")
 
 
-@dataclass
-class ExplorationConfig:
-    """Seed exploration on idle spot GPUs with one-iteration-stale weights (DESIGN.md section 3).
-
-    ``explore_num_steps`` < ``sampling.num_steps`` explores with a cheaper schedule (None: the same).
-    ``rank_threshold``: below this stale-vs-fresh rank correlation the run falls back to
-    ``rank_fallback`` seeds for the next iteration.
-    """
-
-    enabled: bool = True
-    seeds_per_pull: int = 4
-    min_seeds_before_abandon: int = 4
-    max_seeds_per_prompt: int = 32
-    abandon_zero_variance: bool = True
-    explore_num_steps: int | None = None
-    rank_threshold: float = 0.5
-    rank_fallback: Literal["fresh", "random"] = "fresh"
-    rank_min_pairs: int = 8
-
-    def __post_init__(self) -> None:
-        _positive_int("exploration.seeds_per_pull", self.seeds_per_pull)
-        _positive_int("exploration.min_seeds_before_abandon", self.min_seeds_before_abandon, 2)
-        _positive_int("exploration.max_seeds_per_prompt", self.max_seeds_per_prompt, 2)
-        _positive_int("exploration.rank_min_pairs", self.rank_min_pairs, 2)
-        if self.explore_num_steps is not None:
-            _positive_int("exploration.explore_num_steps", self.explore_num_steps, 2)
-        _check(-1.0 <= self.rank_threshold <= 1.0, "exploration.rank_threshold", self.rank_threshold,
-               "must be in [-1, 1]")
-
-    def planner_config(self, group_size: int, base_seed: int):
-        """The core planner's config (exploration.planner.PlannerConfig) for a run."""
-        from roll_spotlight.exploration.planner import PlannerConfig
-
-        return PlannerConfig(group_size=group_size, seeds_per_pull=self.seeds_per_pull,
-                             min_seeds_before_abandon=self.min_seeds_before_abandon,
-                             abandon_zero_variance=self.abandon_zero_variance, base_seed=base_seed)
-
-    def rank_monitor_config(self):
-        from roll_spotlight.exploration.rank import RankMonitorConfig
-
-        return RankMonitorConfig(self.rank_threshold, self.rank_fallback, self.rank_min_pairs)
+def _base(config: Any, base: type) -> Any:
+    """The base-class config inside a section that extends it (same key names, same meaning)."""
+    return base(**{f.name: getattr(config, f.name) for f in dataclasses.fields(base)})
 
 
 @dataclass
-class SpotConfig:
-    """The spot pool: which Ray resources and node label mark spot GPUs, and the preemption source.
-
-    On a real cluster (``trace: null``) preemptions come from the cloud; with ``trace`` set, a
-    recorded trace (formats in ``traces/README.md``) is replayed against the pool, ``compression``
-    times faster, with the provider's notice (or ``notice_s``).
+class SpotConfig(RunSpotConfig):
+    """The standalone host's ``spot`` section (`roll_spotlight.training.config.SpotConfig`: the
+    market, ``max_workers``, ``commit_every``, prices, ...) plus where spot GPUs live on a ROLL
+    cluster: the Ray resource spot workers ask for, the one on-demand GPUs carry, and the node
+    label of spot nodes (deploy/kuberay). Every inherited key means what it means there.
     """
 
-    enabled: bool = True
-    resource: str = "spot_gpu"
+    resource: str = SPOT_RESOURCE
     ondemand_resource: str = "ondemand_gpu"
     node_label: str = "spotlight.io/pool=spot"
-    max_workers: int = 8
-    gpus_per_worker: int = 1
-    provider: Literal["aws", "gcp", "azure"] = "aws"
-    trace: str | None = None
-    notice_s: float | None = None
-    compression: float = 1.0
-    seed: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("resource", "ondemand_resource"):
             _check(bool(getattr(self, key)), f"spot.{key}", getattr(self, key), "must be a Ray resource name")
         _check(self.resource != self.ondemand_resource, "spot.resource", self.resource,
@@ -122,71 +84,62 @@ class SpotConfig:
         label_key, sep, label_value = self.node_label.partition("=")
         _check(bool(sep and label_key and label_value), "spot.node_label", self.node_label,
                "must look like 'key=value'")
-        _positive_int("spot.max_workers", self.max_workers, 0)
-        _positive_int("spot.gpus_per_worker", self.gpus_per_worker)
-        if self.notice_s is not None:
-            _check(self.notice_s >= 0, "spot.notice_s", self.notice_s, "must be >= 0")
-        _check(math.isfinite(self.compression) and self.compression > 0, "spot.compression",
-               self.compression, "must be a finite number > 0")
 
     @property
     def label(self) -> tuple[str, str]:
         key, _, value = self.node_label.partition("=")
         return key, value
 
-    def market_config(self):
-        """The core market's config (spot.market.MarketConfig) for replaying ``trace``."""
-        from roll_spotlight.spot.market import MarketConfig
-
-        return MarketConfig(notice_s=self.notice_s, seed=self.seed, compression=self.compression)
+    def run_config(self) -> RunSpotConfig:
+        """The standalone section inside this one (what the runtime's spot pool reads)."""
+        return _base(self, RunSpotConfig)
 
 
 @dataclass
 class ElasticConfig:
     """Elastic Ulysses sequence parallelism for rollouts (DESIGN.md section 4).
 
-    ``sp_degree`` is the preferred degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on Qwen-Image);
-    with ``enabled`` false groups are fixed and a preemption stops the group until it is replaced.
+    ``sp_degree`` is the preferred degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on Qwen-Image),
+    the controller's ``preferred_degree``; ``pg_timeout_s`` is the controller's key. With
+    ``enabled`` false groups are fixed and a preemption stops the group until it is replaced.
     """
 
     enabled: bool = True
     sp_degree: int = 1
-    prefer_intra_node: bool = True
-    regroup_timeout_s: float = 30.0
     pg_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         _positive_int("elastic.sp_degree", self.sp_degree)
-        for key in ("regroup_timeout_s", "pg_timeout_s"):
-            value = getattr(self, key)
-            _check(math.isfinite(value) and value > 0, f"elastic.{key}", value, "must be a finite number > 0")
+        _check(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "elastic.pg_timeout_s",
+               self.pg_timeout_s, "must be a finite number > 0")
+
+    def controller_config(self, num_heads: int):
+        """The elastic controller's config (elastic.controller.ElasticConfig) for a model."""
+        from roll_spotlight.elastic.controller import ElasticConfig as ControllerConfig
+
+        return ControllerConfig(num_heads=num_heads, preferred_degree=self.sp_degree, pg_timeout_s=self.pg_timeout_s)
 
 
-@dataclass
-class DispatchConfig:
+@dataclass(frozen=True)
+class DispatchConfig(QueueConfig):
     """How rollout and exploration requests reach workers.
 
-    ``pull``: a shared queue (``scheduler``, a name in the ``roll_spotlight.schedulers`` group) that
-    workers pull from, with leases and commit-on-notice. ``static``: each worker gets a fixed share
-    of the batch, as ROLL's clusters do (the vanilla baseline).
+    ``pull``: a shared queue that the on-demand rollout ranks and the spot workers pull from, with
+    leases and commit-on-notice; ``lease_s`` and ``max_attempts`` are the queue's own keys
+    (`roll_spotlight.dispatch.queue.QueueConfig`, inherited). ``scheduler`` names the queue in the
+    ``roll_spotlight.schedulers`` group (the queue actor hosts a ``RequestQueue``). ``static``:
+    each rollout rank gets a fixed share of the batch, as ROLL's clusters do (the vanilla baseline).
     """
 
     mode: Literal["pull", "static"] = "pull"
     scheduler: str = "pull_queue"
-    lease_s: float = 30.0
-    max_attempts: int = 3
-    commit_on_notice: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(bool(self.scheduler), "dispatch.scheduler", self.scheduler, "must name a scheduler")
-        _check(math.isfinite(self.lease_s) and self.lease_s > 0, "dispatch.lease_s", self.lease_s,
-               "must be a finite number > 0")
-        _positive_int("dispatch.max_attempts", self.max_attempts)
 
-    def queue_config(self):
-        from roll_spotlight.dispatch.queue import QueueConfig
-
-        return QueueConfig(lease_s=self.lease_s, max_attempts=self.max_attempts)
+    def queue_config(self) -> QueueConfig:
+        return _base(self, QueueConfig)
 
 
 @dataclass
@@ -208,13 +161,9 @@ class SpotlightSections:
         if self.model.preset == "tiny" and self.model.num_attention_heads % self.elastic.sp_degree:
             raise ValueError(f"elastic.sp_degree={self.elastic.sp_degree} must divide "
                              f"model.num_attention_heads={self.model.num_attention_heads} (Ulysses splits heads)")
-        if self.exploration.explore_num_steps is not None:
-            _check(self.exploration.explore_num_steps <= self.sampling.num_steps,
-                   "exploration.explore_num_steps", self.exploration.explore_num_steps,
-                   f"must be <= sampling.num_steps={self.sampling.num_steps}")
-        _check(self.exploration.max_seeds_per_prompt >= self.train.group_size,
-               "exploration.max_seeds_per_prompt", self.exploration.max_seeds_per_prompt,
-               f"must be >= train.group_size={self.train.group_size} (the selected seeds come from them)")
+        if self.spot.enabled and self.dispatch.mode != "pull":
+            raise ValueError(f"spot.enabled needs dispatch.mode=pull (spot workers pull from the queue), "
+                             f"got dispatch.mode={self.dispatch.mode!r}")
 
 
 SECTION_KEYS = tuple(f.name for f in dataclasses.fields(SpotlightSections))
@@ -247,7 +196,8 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections) -> RunConfig
     if "track_with" in values:
         values["track_with"] = ROLL_TRACKERS_WE_MIRROR.get(values["track_with"], "jsonl")
     return RunConfig(**values, model=sections.model, pretrain=sections.pretrain, task=sections.task,
-                     reward=sections.reward_fn, sampling=sections.sampling, train=sections.train)
+                     reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
+                     exploration=sections.exploration, spot=sections.spot.run_config())
 
 
 def validate_recipe(data: Mapping[str, Any], *, source: str | None = None) -> tuple[SpotlightSections, RunConfig]:

@@ -10,7 +10,8 @@ computes.
 
 - `DiffusersRolloutStrategy`: runs rollout requests one by one with the runtime's
   ``RolloutExecutor`` (batch size 1: a rollout is a pure function of weights, prompt, seed and
-  schedule on every worker), taking its share of a batch through a worker-local queue.
+  schedule on every worker), either a static share of a batch (through a rank-local queue) or
+  pulled from the run's shared request queue (``drain``).
 - `DiffusersTrainStrategy`: the runtime's ``TrainerCore`` (Flow-GRPO update, validation, state).
 """
 from __future__ import annotations
@@ -36,65 +37,93 @@ def build_base_policy(cfg: RunConfig, base_path: str | None):
 
 
 class DiffusersRolloutStrategy:
-    """Rollouts of request specs with the weights of `weight_version`."""
+    """Rollouts of request specs, each with the weights of its own ``weight_version``.
 
-    def __init__(self, cfg: RunConfig, policy) -> None:
+    Weights come from the run's weight store (`roll_spotlight.weights.WeightStore`), where the
+    trainer publishes every version: a rank loads a version the first time a request asks for it,
+    so stale exploration (version t while t+1 trains) and fresh rollouts need no push from the
+    driver. Version 0 is the base the rank started from.
+    """
+
+    def __init__(self, cfg: RunConfig, policy, store=None) -> None:
         from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
         from roll_spotlight.runtime.executor import RolloutExecutor
 
-        self.cfg, self.policy = cfg, policy
+        self.cfg, self.policy, self.store = cfg, policy, store
         self.executor = RolloutExecutor(policy)
         self.queue = RequestQueue(QueueConfig())
         self.weight_version = 0
 
     @classmethod
-    def build(cls, cfg: RunConfig, base_path: str | None) -> "DiffusersRolloutStrategy":
-        return cls(cfg, build_base_policy(cfg, base_path))
+    def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersRolloutStrategy":
+        return cls(cfg, build_base_policy(cfg, base_path), store)
 
     def rollouts(self, specs: list) -> list:
-        """Outputs (runtime ``RolloutOutput``) in the order of `specs`."""
-        from roll_spotlight.runtime.executor import Finished
-
+        """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch)."""
         ids = self.queue.submit(specs)
         while leases := self.queue.pull(LOCAL_WORKER, 1):
-            outcome = self.executor.run(leases[0])
-            assert isinstance(outcome, Finished), "a static ROLL rank is never asked to stop"
-            self.queue.complete(leases[0].result(outcome.output))
+            self.queue.complete(leases[0].result(self._run(leases[0])))
         done = {c.request.request_id: c.output for c in self.queue.take_results()}
         self.queue.forget_finished()
         return [done[i] for i in ids]
 
-    def load_weights(self, state_dict: dict, version: int) -> None:
-        if version < self.weight_version:
-            raise ValueError(f"weight version {version} is older than the loaded {self.weight_version}")
-        self.policy.load_state_dict(state_dict)
+    def drain(self, client) -> int:
+        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the count."""
+        count = 0
+        while leases := client.pull(1):
+            client.complete(leases[0], self._run(leases[0]))
+            count += 1
+        return count
+
+    def _run(self, lease):
+        from roll_spotlight.runtime.executor import Finished
+
+        self._ensure_version(lease.request.weight_version)
+        outcome = self.executor.run(lease)
+        assert isinstance(outcome, Finished), "an on-demand ROLL rank is never asked to stop"
+        return outcome.output
+
+    def _ensure_version(self, version: int) -> None:
+        if version == self.weight_version:
+            return
+        if self.store is None:
+            raise ValueError(f"weight version {version} requested but this rank has no weight store "
+                             f"(it holds version {self.weight_version})")
+        self.policy.load_state_dict(self.store.fetch(version))
         self.executor.invalidate()
         self.weight_version = version
 
 
 class DiffusersTrainStrategy:
-    """One Flow-GRPO update per iteration on rollout outputs; owns optimiser and validation."""
+    """One Flow-GRPO update per iteration on rollout outputs; owns optimiser and validation.
 
-    def __init__(self, cfg: RunConfig, policy) -> None:
+    With a weight store it publishes every weight version (the base as version 0) for the rollout
+    ranks and the spot workers to fetch.
+    """
+
+    def __init__(self, cfg: RunConfig, policy, store=None) -> None:
         from roll_spotlight.runtime.trainer_core import TrainerCore
 
         self.core = TrainerCore(cfg, policy)
+        self.store = store
+        self.publish()
 
     @classmethod
-    def build(cls, cfg: RunConfig, base_path: str | None) -> "DiffusersTrainStrategy":
-        return cls(cfg, build_base_policy(cfg, base_path))
+    def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersTrainStrategy":
+        return cls(cfg, build_base_policy(cfg, base_path), store)
 
     @property
     def weight_version(self) -> int:
         return self.core.weight_version
 
-    def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
-        return self.core.train(outputs, prompts, group_ids, rewards)
+    def publish(self) -> None:
+        if self.store is not None:
+            self.store.publish(self.core.weight_version, self.core.policy.state_dict())
 
-    def weights(self) -> tuple[dict, int]:
-        """A CPU copy of the policy weights and their version (what rollout ranks load)."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.core.policy.state_dict().items()}
-        return state, self.core.weight_version
+    def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
+        metrics = self.core.train(outputs, prompts, group_ids, rewards)
+        self.publish()
+        return metrics
 
     def evaluate(self):
         return self.core.evaluate()
@@ -104,3 +133,4 @@ class DiffusersTrainStrategy:
 
     def load(self, path: str) -> None:
         self.core.load(Path(path))
+        self.publish()
