@@ -39,12 +39,12 @@ def cmd_pretrain(args) -> int:
     return 0
 
 
-def _resume_point(run_dir: Path) -> Path:
-    """The newest complete checkpoint of a run directory (half-written ones end in .tmp)."""
-    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("iter-*") if not p.name.endswith(".tmp"))
+def _check_resumable(run_dir: Path) -> None:
+    """A run directory with at least one complete checkpoint (half-written ones end in .tmp);
+    which one is used is decided at resume (the newest that verifies, see Coordinator.resume_latest)."""
+    ckpts = [p for p in (run_dir / "checkpoints").glob("iter-*") if not p.name.endswith(".tmp")]
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint under {run_dir / 'checkpoints'}: nothing to resume")
-    return ckpts[-1]
 
 
 def cmd_train(args) -> int:
@@ -56,20 +56,37 @@ def cmd_train(args) -> int:
         run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     else:
         raise ValueError("spotlight train needs --config FILE or --resume RUN_DIR")
+    if args.resume:
+        _check_resumable(run_dir)
+    cfg = _with_trace(cfg, args.trace)
     _set_threads(args.threads)
-    result = _train(cfg, run_dir, args, _resume_point(run_dir) if args.resume else None)
+    result = _train(cfg, run_dir, args, resume=bool(args.resume))
     print(json.dumps(result.summary(), indent=2))
     return 0
 
 
-def _train(cfg, run_dir: Path, args, resume: Path | None):
+def _with_trace(cfg, trace: str | None):
+    """`--trace FILE`: spot workers on, the market replays FILE instead of the configured one."""
+    if trace is None:
+        return cfg
+    import dataclasses
+
+    if not Path(trace).exists():
+        raise FileNotFoundError(f"--trace {trace}: no such file or folder")
+    return dataclasses.replace(cfg, spot=dataclasses.replace(cfg.spot, enabled=True, trace=trace))
+
+
+def _train(cfg, run_dir: Path, args, resume: bool = False):
+    """Start-up order: validate and build everything, then create the run directory, so a failed
+    start leaves no half-written run behind (a crash after this point is what --resume is for)."""
     from roll_spotlight.runtime.coordinator import Coordinator
+    from roll_spotlight.training.loop import check_startup
     from roll_spotlight.training.pretrain import base_path, load_or_pretrain
 
     progress = not args.no_progress
+    check_startup(cfg)
     policy, _ = load_or_pretrain(cfg, progress=progress)
-    _write_run_config(cfg, run_dir)
-    if getattr(args, "ray", False) or getattr(args, "address", None):
+    if getattr(args, "ray", False) or getattr(args, "address", None) or cfg.spot.enabled:  # spot runs on Ray
         from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
 
         cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers)
@@ -78,10 +95,11 @@ def _train(cfg, run_dir: Path, args, resume: Path | None):
         from roll_spotlight.runtime.local import LocalBackend
 
         backend = LocalBackend(cfg, policy)
-    coordinator = Coordinator(cfg, backend, run_dir, progress=progress)
-    if resume is not None:
-        coordinator.resume(resume)
     try:
+        _write_run_config(cfg, run_dir)
+        coordinator = Coordinator(cfg, backend, run_dir, progress=progress)
+        if resume:
+            coordinator.resume_latest(run_dir)
         return coordinator.run()
     finally:
         backend.close()
@@ -102,7 +120,7 @@ def cmd_quickstart(args) -> int:
     from roll_spotlight.report import write_report
 
     config = args.config or "configs/quickstart.yaml"
-    cfg = _load_run_config(config, args.override)
+    cfg = _with_trace(_load_run_config(config, args.override), args.trace)
     _set_threads(1)
     run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     args.ray, args.address = True, None
@@ -145,6 +163,13 @@ def cmd_replay(args) -> int:
     return replay_main(args.rest)
 
 
+def cmd_soak(args) -> int:
+    """The live runtime under a repeated spot trace for M minutes; one JSON report (measured)."""
+    from roll_spotlight.spot.soak import main as soak_main
+
+    return soak_main(args.rest)
+
+
 def cmd_traces(args) -> int:
     from roll_spotlight.spot import summarize_shipped_traces
 
@@ -161,6 +186,11 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> 
                    help="torch threads in this process (default: $SPOTLIGHT_THREADS, else torch's default)")
 
 
+def _add_trace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="spot trace (file or folder) the spot workers follow; enables spot (implies --ray)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spotlight", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -175,11 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", action="store_true", help="run on Ray actors (local cluster unless --address)")
     p.add_argument("--address", help="join an existing Ray cluster (implies --ray)")
     p.add_argument("--workers", type=int, default=2, help="on-demand rollout workers with --ray")
+    _add_trace_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("quickstart", help="the embedded default: tiny task on a local Ray, with a report")
     _add_config_args(p, default="")
     p.add_argument("--run-dir")
     p.add_argument("--workers", type=int, default=2)
+    _add_trace_arg(p)
     p.set_defaults(func=cmd_quickstart)
     p = sub.add_parser("report", help="write RUN_DIR/report.md with PNG plots")
     p.add_argument("run_dir")
@@ -196,13 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("soak", help="replay a spot trace for M minutes, repeating it (measured)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_soak)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)
     return parser
 
 
-PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.spot.replay"}
+PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.spot.replay",
+               "soak": "roll_spotlight.spot.soak"}
 
 
 def main(argv: list[str] | None = None) -> int:

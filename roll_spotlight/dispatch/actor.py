@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 
+from roll_spotlight.dispatch.journal import JournalConfig, QueueJournal
 from roll_spotlight.dispatch.queue import QueueConfig, QueueSnapshot, QueueStats, RequestQueue
 from roll_spotlight.dispatch.requests import (
     Completion,
@@ -31,17 +33,49 @@ from roll_spotlight.dispatch.requests import (
 
 
 class QueueServer:
-    """The actor's body (usable without Ray in tests): a RequestQueue on the wall clock."""
+    """The actor's body (usable without Ray in tests): a RequestQueue on the wall clock.
 
-    def __init__(self, config: QueueConfig | None = None, source: RequestSource | None = None) -> None:
+    With a ``journal`` every mutating call is logged after it succeeds and a new server on the
+    same journal (the restarted actor) rebuilds the queue exactly, live leases included (see
+    :mod:`roll_spotlight.dispatch.journal`). Journalled calls pass ``now`` explicitly, so the
+    replay does not depend on when it runs. A lazy ``source`` cannot be journalled (its answers
+    depend on state outside the queue), so the two are exclusive.
+    """
+
+    def __init__(self, config: QueueConfig | None = None, source: RequestSource | None = None,
+                 journal: JournalConfig | None = None) -> None:
+        if journal is not None and source is not None:
+            raise ValueError("a journalled queue cannot have a request source (its answers are not replayable)")
         self._queue = RequestQueue(config, clock=time.monotonic, source=source)
+        self._journal = QueueJournal(journal) if journal is not None else None
+        if self._journal is not None:
+            self.recovered = self._journal.recover(self._queue)
+            self._grace_after_recovery()
 
-    def _tick(self) -> RequestQueue:
-        self._queue.expire()
-        return self._queue
+    def _grace_after_recovery(self) -> None:
+        """Leases restored from the journal get a fresh deadline: their workers could not
+        heartbeat while the queue was down."""
+        now = time.monotonic()
+        for worker in self._queue.lease_holders():
+            self._call("heartbeat", worker=worker, now=now)
+
+    def _call(self, method: str, *, record=lambda result: True, **kwargs):
+        """Run a mutating queue method; journal it if it succeeded and ``record(result)`` (False
+        only for calls that provably changed nothing: an empty pull, expire or heartbeat; rejected
+        completions and commits are journalled too, since they move counters)."""
+        result = getattr(self._queue, method)(**kwargs)
+        if self._journal is not None and record(result):
+            self._journal.append(self._queue, method, kwargs)
+        return result
+
+    def _tick(self) -> float:
+        now = time.monotonic()
+        self._call("expire", record=bool, now=now)
+        return now
 
     def submit(self, specs: Iterable[RequestSpec]) -> list[int]:
-        return self._tick().submit(specs)
+        self._tick()
+        return self._call("submit", specs=list(specs))
 
     def pull(
         self,
@@ -52,63 +86,92 @@ class QueueServer:
         est_duration_s: float | None = None,
         kinds: Collection[RequestKind] | None = None,
     ) -> list[Lease]:
-        return self._tick().pull(
-            worker, n, max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds
-        )
+        now = self._tick()
+        refused = self._queue.stats().refused_by_notice if self._journal is not None else 0
+        return self._call("pull", record=lambda leases: bool(leases) or self._queue.stats().refused_by_notice > refused,
+                          worker=worker, n=n, now=now, max_lease_s=max_lease_s, est_duration_s=est_duration_s,
+                          kinds=None if kinds is None else tuple(kinds))  # an empty pull changes nothing
 
     def heartbeat(self, worker: str) -> int:
-        return self._tick().heartbeat(worker)
+        now = self._tick()
+        return self._call("heartbeat", record=bool, worker=worker, now=now)
 
     def complete(self, result: RequestResult) -> bool:
-        return self._tick().complete(result)
+        now = self._tick()
+        return self._call("complete", result=result, now=now)
 
     def commit(self, worker: str, state: InFlightState) -> bool:
-        return self._tick().commit(worker, state)
+        self._tick()
+        return self._call("commit", worker=worker, state=state)
 
     def checkpoint(self, worker: str, state: InFlightState) -> bool:
-        return self._tick().checkpoint(worker, state)
+        self._tick()
+        return self._call("checkpoint", worker=worker, state=state)
 
     def fail(self, request_id: int, lease_id: int, error: str) -> bool:
-        return self._tick().fail(request_id, lease_id, error)
+        self._tick()
+        return self._call("fail", record=bool, request_id=request_id, lease_id=lease_id, error=error)
 
     def release(self, worker: str) -> int:
-        return self._tick().release(worker)
+        self._tick()
+        return self._call("release", record=bool, worker=worker)
 
     def worker_lost(self, worker: str) -> int:
-        return self._tick().worker_lost(worker)
+        self._tick()
+        return self._call("worker_lost", worker=worker)
 
     def notify_preemption(self, worker: str, seconds_left: float) -> None:
         """``worker``'s node is reclaimed ``seconds_left`` from now (actor clock)."""
-        self._tick().notify_preemption(worker, time.monotonic() + seconds_left)
+        now = self._tick()
+        self._call("notify_preemption", worker=worker, deadline=now + seconds_left)
 
     def clear_preemption(self, worker: str) -> None:
-        self._tick().clear_preemption(worker)
+        self._tick()
+        self._call("clear_preemption", worker=worker)
 
     def cancel(self, kind: RequestKind = RequestKind.EXPLORE, iteration: int | None = None) -> int:
-        return self._tick().cancel(kind, iteration)
+        self._tick()
+        return self._call("cancel", kind=kind, iteration=iteration)
 
     def counts(self) -> tuple[int, int]:
         """(pending, leased), in one call."""
-        queue = self._tick()
-        return queue.pending_count(), queue.leased_count()
+        self._tick()
+        return self._queue.pending_count(), self._queue.leased_count()
 
     def done_ids(self) -> frozenset[int]:
-        return self._tick().done_ids()
+        self._tick()
+        return self._queue.done_ids()
 
     def take_results(self) -> list[Completion]:
-        return self._tick().take_results()
+        self._tick()
+        return self._call("take_results", record=bool)
+
+    def forget_finished(self) -> int:
+        self._tick()
+        return self._call("forget_finished", record=bool)
 
     def failed(self) -> list[FailedRequest]:
-        return self._tick().failed()
+        self._tick()
+        return self._queue.failed()
 
     def stats(self) -> QueueStats:
-        return self._tick().stats()
+        self._tick()
+        return self._queue.stats()
 
     def snapshot(self) -> QueueSnapshot:
-        return self._tick().snapshot()
+        self._tick()
+        return self._queue.snapshot()
+
+    def leases_of(self, worker: str) -> list[Lease]:
+        self._tick()
+        return self._queue.leases_of(worker)
 
     def restore(self, snapshot: QueueSnapshot) -> None:
-        self._queue.restore(snapshot)
+        self._call("restore", snapshot=snapshot)
+
+    def ping(self) -> int:
+        """Liveness; also how many journal records the (restarted) server replayed."""
+        return getattr(self, "recovered", 0)
 
 
 QueueActor = ray.remote(num_cpus=0)(QueueServer)
@@ -119,10 +182,20 @@ def create_queue_actor(
     *,
     name: str | None = None,
     source: RequestSource | None = None,
+    journal: JournalConfig | str | Path | None = None,
 ) -> ray.actor.ActorHandle:
-    """Start the queue actor; ``name`` makes it findable with ``ray.get_actor(name)``."""
-    options = {} if name is None else {"name": name}
-    return QueueActor.options(**options).remote(config, source)
+    """Start the queue actor; ``name`` makes it findable with ``ray.get_actor(name)``.
+
+    With a ``journal`` (a JournalConfig or a path on the actor's node) the actor is restarted by
+    Ray when its process dies and calls in flight are retried (3 times): the restarted actor rebuilds the
+    queue from the journal, so nothing submitted, leased, committed or completed is lost. Without
+    one a dead queue stays dead (its state lived only in that process).
+    """
+    options: dict = {} if name is None else {"name": name}
+    if journal is not None:
+        journal = journal if isinstance(journal, JournalConfig) else JournalConfig(str(journal))
+        options |= {"max_restarts": -1, "max_task_retries": 3}  # a call that kills it 4 times is an error
+    return QueueActor.options(**options).remote(config, source, journal)
 
 
 @dataclass(frozen=True)

@@ -401,6 +401,10 @@ class RequestQueue:
     def done_ids(self) -> frozenset[int]:
         return frozenset(rid for rid, e in self._entries.items() if e.state is _S.DONE)
 
+    def lease_holders(self) -> list[str]:
+        """Workers holding at least one live lease, sorted."""
+        return sorted(self._by_worker)
+
     def leases_of(self, worker: str) -> list[Lease]:
         return [self._lease_view(self._entries[rid]) for rid in sorted(self._by_worker.get(worker, ()))]
 

@@ -82,23 +82,61 @@ class TrainerActor:
         return list(self.events)
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=3)
 class RewardActor:
-    """Batched reward scoring (the configured reward behind SafeReward)."""
+    """Batched reward scoring (the configured reward behind SafeReward).
 
-    def __init__(self, cfg_data: dict):
+    Crash recovery: Ray restarts the actor when its process dies and re-sends the call that was
+    running, so the driver's `score` simply returns later with the right rewards (a reward is a
+    pure function of images and prompts, so the retried batch scores the same). A crash is not a
+    reward error: the batch is retried, not given SafeReward's fallback. A batch that kills the
+    process on every try (a native crash on some input) is retried 3 times, then the driver gets
+    the RayActorError instead of a restart loop (the run stops; `--resume` continues it).
+
+    No double counting: a call carrying a `batch_id` already scored in this life returns the
+    stored result without scoring or counting again (a driver that retries on its own, or a retry
+    of a call whose reply was lost). `counters` count each batch once per life of the actor.
+
+    `crash_at_batch` is deterministic failure injection for tests: the first life of the actor
+    dies (os._exit) when its crash_at_batch-th batch arrives, before scoring it.
+    """
+
+    KEEP_RESULTS = 8  # recent batch results kept for repeated batch ids
+
+    def __init__(self, cfg_data: dict, crash_at_batch: int | None = None):
         from roll_spotlight.configuration import from_dict
         from roll_spotlight.training.config import RunConfig
         from roll_spotlight.training.loop import build_reward_fn
 
         self.reward_fn = build_reward_fn(from_dict(RunConfig, cfg_data))
         self.events: list[dict] = []
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self._crash_at = None if self.restarted else crash_at_batch
+        self._results: dict = {}
+        self.counters = {"batches": 0, "samples": 0, "repeats": 0}
 
-    def score(self, images, prompts):
+    def score(self, images, prompts, batch_id=None):
+        if batch_id is not None and batch_id in self._results:
+            self.counters["repeats"] += 1
+            return self._results[batch_id]
+        if self._crash_at is not None and self.counters["batches"] + 1 == self._crash_at:
+            import os
+
+            log.warning("reward actor: injected crash at batch %d", self._crash_at)
+            os._exit(1)
         t0 = time.time()
         out = self.reward_fn(images, list(prompts))
+        self.counters["batches"] += 1
+        self.counters["samples"] += len(prompts)
         self.events.append({"worker": "reward", "phase": "reward", "start": t0, "end": time.time()})
+        if batch_id is not None:
+            self._results[batch_id] = out
+            while len(self._results) > self.KEEP_RESULTS:
+                self._results.pop(next(iter(self._results)))
         return out
+
+    def stats(self) -> dict:
+        return dict(self.counters) | {"restarted": self.restarted}
 
     def timeline(self) -> list[dict]:
         return list(self.events)

@@ -210,24 +210,53 @@ class Coordinator:
                 "rank_fallback": float(report.fallback_active)}
 
     def checkpoint(self, it: int) -> Path:
-        """Weights, optimiser, iteration and curve; everything else is a function of (seed, t)."""
+        """Weights, optimiser, iteration and curve; everything else is a function of (seed, t).
+
+        Written into `iter-NNNNNN.tmp` and renamed when complete, so a crash mid-save leaves no
+        directory that looks finished; meta.json records the size and SHA-256 of backend.pt, so a
+        truncated or corrupted file is recognised at resume (see `verify_checkpoint`).
+        """
         path = self.run_dir / "checkpoints" / f"iter-{it:06d}"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.backend.save_checkpoint(tmp / "backend.pt")
+        tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.backend.save_checkpoint(tmp / BACKEND_FILE)
         meta = {"iteration": it, "curve": self.curve, "base": _eval_dump(self.base), "last": _eval_dump(self.last),
                 "pending": None if self.pending is None else round_state(self.pending),
                 "fallback_active": self.fallback_active, "rank_history": self.rank_monitor.history,
-                "weight_version": self.backend.weight_version, "config": to_dict(self.cfg)}
-        (tmp / "meta.json").write_text(json.dumps(meta))
+                "weight_version": self.backend.weight_version, "config": to_dict(self.cfg),
+                "files": {BACKEND_FILE: _file_digest(tmp / BACKEND_FILE)}}
+        (tmp / META_FILE).write_text(json.dumps(meta))
         if path.exists():  # a resumed run re-reaching a saved iteration replaces it
             shutil.rmtree(path)
         tmp.rename(path)
         return path
 
+    def resume_latest(self, run_dir: Path | None = None) -> Path:
+        """Resume from the newest checkpoint of `run_dir` that verifies and loads; a corrupted or
+        truncated one is reported (naming the file) and the previous one is used. Returns the
+        checkpoint used; CheckpointError when none is usable."""
+        candidates = list_checkpoints(Path(run_dir or self.run_dir))
+        if not candidates:
+            raise CheckpointError(f"no checkpoint under {Path(run_dir or self.run_dir) / 'checkpoints'}: "
+                                  "nothing to resume")
+        problems = []
+        for path in reversed(candidates):
+            try:
+                self.resume(path)
+                return path
+            except CheckpointError as err:
+                log.warning("%s; trying the previous checkpoint", err)
+                problems.append(str(err))
+        raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
+
     def resume(self, path: Path) -> None:
-        meta = json.loads((Path(path) / "meta.json").read_text())
-        self.backend.load_checkpoint(Path(path) / "backend.pt")
+        """Continue after checkpoint `path`; CheckpointError naming the file if it is damaged."""
+        meta = verify_checkpoint(Path(path))
+        try:
+            self.backend.load_checkpoint(Path(path) / BACKEND_FILE)
+        except Exception as err:  # torch/pickle/Ray errors of many kinds: all mean "cannot load"
+            raise CheckpointError(f"checkpoint file {Path(path) / BACKEND_FILE} cannot be loaded: "
+                                  f"{type(err).__name__}: {err}") from err
         self.start_iteration = meta["iteration"] + 1
         self.curve = meta["curve"]
         self.base, self.last = _eval_load(meta["base"]), _eval_load(meta["last"])
@@ -248,6 +277,52 @@ class Coordinator:
         (self.run_dir / "summary.json").write_text(json.dumps(payload, indent=2))
         (self.run_dir / "timeline.json").write_text(json.dumps(self.backend.timeline()))
         return result
+
+
+BACKEND_FILE, META_FILE = "backend.pt", "meta.json"
+META_KEYS = ("iteration", "curve", "base", "last")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (half-written ones end in .tmp)."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(p for p in root.glob("iter-*") if p.is_dir() and not p.name.endswith(".tmp"))
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """The checkpoint's metadata after checking that meta.json parses and holds the resume keys,
+    and that backend.pt exists with the recorded size and SHA-256 (when recorded)."""
+    meta_path, backend = path / META_FILE, path / BACKEND_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint file {meta_path} is unreadable: {err}") from err
+    missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise CheckpointError(f"checkpoint file {meta_path} lacks {missing}")
+    if not backend.is_file():
+        raise CheckpointError(f"checkpoint file {backend} is missing")
+    recorded = meta.get("files", {}).get(BACKEND_FILE)  # absent in checkpoints of older versions
+    actual = _file_digest(backend) if recorded is not None else None
+    if actual != recorded:
+        raise CheckpointError(f"checkpoint file {backend} is truncated or corrupted: size/SHA-256 "
+                              f"{actual} differ from the recorded {recorded}")
+    return meta
+
+
+def _file_digest(path: Path) -> dict:
+    """Size and SHA-256 of a file, read in 1 MiB chunks (SHA-256 runs at roughly 0.5-1 GB/s per core)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _eval_dump(ev: Evaluation | None) -> dict | None:

@@ -22,6 +22,31 @@ def build_reward_fn(cfg):
     return SafeReward(inner, fallback=cfg.reward.fallback)
 
 
+def check_startup(cfg) -> None:
+    """What can fail at start-up, checked before anything is written (no run directory yet).
+
+    The config dataclasses already validated keys, types and values; this adds what needs the
+    outside world: the model directory exists, the reward section builds (name known, kwargs
+    accepted, files it names readable) and the spot trace parses. Errors name the key, or the
+    file and line (a malformed trace raises TraceFormatError, a ValueError naming `file:line`).
+    """
+    from roll_spotlight.configuration import ConfigError
+
+    if cfg.spot.enabled and cfg.spot.trace:
+        from roll_spotlight.spot.traces import load_trace
+
+        load_trace(cfg.spot.trace)
+    if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path: model directory {cfg.model.path!r} does not exist "
+                          f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
+    try:
+        build_reward_fn(cfg)
+    except (ValueError, TypeError, OSError, ImportError) as err:
+        key = "reward.weights" if cfg.reward.weights else "reward.kwargs"
+        raise ConfigError(f"reward: cannot build reward {cfg.reward.name!r} ({key}={cfg.reward.kwargs!r}): "
+                          f"{type(err).__name__}: {err}") from err
+
+
 def strict_scorer():
     """The task's detector, for strict accuracy whatever the training reward is."""
     from roll_spotlight.rewards import build_reward
