@@ -90,7 +90,7 @@ def _train(cfg, run_dir: Path, args, resume: bool = False):
         from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
 
         cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers)
-        backend = RayBackend(cfg, base_path(cfg), cluster)
+        backend = RayBackend(cfg, base_path(cfg), cluster, run_dir=run_dir)  # run_dir: the queue's journal
     else:
         from roll_spotlight.runtime.local import LocalBackend
 

@@ -28,12 +28,16 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     cfg = tiny_config()
     path = save_random_policy(cfg, tmp_path / "policy.pt")
     local = run_training(cfg, tmp_path / "local", policy=random_policy(cfg), progress=False)
-    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2))
+    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2), run_dir=tmp_path / "ray")
     try:
         result = Coordinator(cfg, backend, tmp_path / "ray", progress=False).run()
         stats = [ray.get(w.stats.remote()) for w in backend.workers.values()]
+        reward = ray.get(backend.reward.stats.remote())
     finally:
         backend.close()
+    assert (reward["batches"], reward["repeats"]) == (cfg.max_steps, 0), "one batch id per iteration, none reused"
+    assert (tmp_path / "ray" / "queue.log").is_file(), "the queue journals into the run directory"
+    _assert_queue_survives_a_crash(backend.queue)
     assert np.array_equal(result.base.rewards, local.base.rewards)
     assert np.array_equal(result.final.rewards, local.final.rewards)
     rows = read_metrics(tmp_path / "ray")
@@ -48,3 +52,37 @@ def result_timeline(run_dir):
     import json
 
     return json.loads((run_dir / "ray" / "timeline.json").read_text())
+
+
+def _assert_queue_survives_a_crash(queue):
+    """Ray restarts the journalled queue actor, which rebuilds the same queue from the run dir."""
+    before = ray.get(queue.stats.remote())
+    assert before.submitted > 0 and before.completed == before.submitted
+    ray.kill(queue, no_restart=False)
+    assert ray.get(queue.stats.remote()) == before
+
+
+def test_reward_batch_ids_are_unique_and_name_iteration_and_phase():
+    from types import SimpleNamespace
+
+    from roll_spotlight.dispatch.requests import RequestKind
+    from roll_spotlight.runtime.ray_backend import RewardBatchIds
+
+    ids = RewardBatchIds()
+    issued = []
+    for it, kind, batches in [(1, RequestKind.ROLLOUT, 1), (2, RequestKind.EXPLORE, 3), (1, RequestKind.ROLLOUT, 1)]:
+        ids.collected([SimpleNamespace(iteration=it, kind=kind)])
+        issued += [ids.next() for _ in range(batches)]
+    ids.collected([])  # nothing collected: the label stays
+    issued.append(ids.next())
+    assert issued == [(1, "rollout", 0), (2, "explore", 0), (2, "explore", 1), (2, "explore", 2),
+                      (1, "rollout", 1), (1, "rollout", 2)]
+
+
+def test_a_new_driver_starts_a_fresh_queue_journal(tmp_path):
+    from roll_spotlight.runtime.ray_backend import fresh_queue_journal
+
+    for name in ("queue.state", "queue.log", "queue.state.tmp", "config.yaml"):
+        (tmp_path / name).write_text("x")
+    assert fresh_queue_journal(tmp_path) == tmp_path / "queue"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"], "only the journal's files go"

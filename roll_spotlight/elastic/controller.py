@@ -8,6 +8,10 @@ planner, and tells exactly the members of changed groups to build raw process gr
 ``gen{n}/sp{i}`` prefix of its TCPStore. Rollouts advance in step chunks; the state committed at
 each boundary (step index + full latent) is what a re-formed group resumes from.
 
+Generations are the controller's, not the planner's: every formation *attempt* takes the next
+number, so a retry after a member died mid-formation never reuses the failed attempt's prefix
+(whose store keys and half-joined members are still there; STYLE rule 8).
+
 Worker lifecycle (transitions only in :meth:`ElasticController._set_state`)::
 
     admit --> JOINING --weights loaded--> ACTIVE --preemption notice--> DRAINING
@@ -16,6 +20,7 @@ Worker lifecycle (transitions only in :meth:`ElasticController._set_state`)::
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -92,7 +97,9 @@ class RegroupReport:
 
 @dataclass
 class RolloutReport:
-    """Final state, the SP degree each step ran at, and the regroups that happened on the way."""
+    """Final state, the SP degree each step ran at, and the regroups that happened on the way.
+    ``lost``: every member lost during the rollout, in the order noticed, including members that
+    died while a regroup was forming groups."""
 
     state: RolloutState
     degrees: list[int] = field(default_factory=list)
@@ -117,6 +124,7 @@ class ElasticController:
         self.handles: dict[Member, Any] = {}
         self.states: dict[Member, WorkerState] = {}
         self._transfer_ids = count()
+        self._generations = count()  # one per formation attempt, failed ones included
 
     # lifecycle
     def _set_state(self, member: Member, new: WorkerState) -> None:
@@ -212,13 +220,15 @@ class ElasticController:
     # groups
     def regroup(self) -> RegroupReport | None:
         """Re-plan over the ACTIVE workers; members of changed groups join fresh process groups.
-        Returns None when the plan is unchanged."""
+        A member that dies while groups form is removed and the formation retried under the next
+        generation. Returns None when the plan is unchanged."""
         start = time.perf_counter()
         for _ in range(len(self.states) + 1):
             new = plan_groups(self._live(), num_heads=self.config.num_heads,
                               preferred_degree=self.config.preferred_degree, previous=self.plan)
             if new is self.plan:
                 return None
+            new = dataclasses.replace(new, generation=next(self._generations))
             try:
                 changed = self._form(new)
             except _GroupFailed as failure:
@@ -276,12 +286,19 @@ class ElasticController:
         return [m for m, s in self.states.items() if s is WorkerState.DRAINING]
 
     def _after_loss(self, group: SPGroup, lost: list[Member], report: RolloutReport) -> SPGroup:
+        """Drop ``lost``, regroup, and pick the group that carries on. ``report.lost`` gains
+        ``lost`` and then every member the regroup itself dropped (died while groups formed)."""
+        gone_before = self._gone()
         self.remove(lost)
-        report.lost.extend(lost)
         regroup = self.regroup()
+        report.lost.extend(m for m in lost if m not in gone_before)
+        report.lost.extend(sorted(self._gone() - gone_before - set(lost)))
         if regroup is not None:
             report.regroups.append(regroup)
         return self._successor(group)
+
+    def _gone(self) -> set[Member]:
+        return {m for m, s in self.states.items() if s is WorkerState.GONE}
 
     def _successor(self, old: SPGroup | None) -> SPGroup:
         """The current group sharing most members with ``old`` (the largest group for a new rollout)."""

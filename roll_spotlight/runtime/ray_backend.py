@@ -14,13 +14,21 @@ told of a preemption commits its in-flight request and another worker resumes it
 worker's leases go back to the queue. Rollouts are pure functions of (weights, prompt, seed,
 schedule) and are collected in request-id order, so the training curve is the one without spot.
 Each iteration's metrics gain the pool's counters and the run's cost ledger (``spot/*``, ``cost/*``).
+
+Crash recovery: given the run directory, the queue actor journals its calls to
+``<run_dir>/queue.{state,log}`` (``dispatch.journal``) and Ray restarts it from there if its
+process dies. The journal serves one driver's life; a resumed run starts a fresh one (the
+checkpoint, not the old queue, says what to redo). Reward batches carry a ``batch_id``
+(:class:`RewardBatchIds`), so a retried ``score`` call is answered from the reward actor's memory
+instead of being scored and counted twice.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +63,49 @@ class RayClusterConfig:
             raise ValueError(f"runtime.num_cpus must be >= 1, got {self.num_cpus}")
 
 
+QUEUE_JOURNAL = "queue"  # <run_dir>/queue.state and <run_dir>/queue.log
+
+
+def fresh_queue_journal(run_dir: str | Path) -> Path:
+    """The queue journal's base path in ``run_dir``, with a previous driver's journal removed.
+
+    Why remove it: the journal rebuilds the queue after a crash of the queue actor *within* a
+    driver's life. After a driver crash, ``--resume`` redoes the interrupted iteration from the
+    checkpoint; the old queue's requests (other ids, weight versions the new store lacks, leases of
+    workers that no longer exist) must not come back.
+    """
+    base = Path(run_dir) / QUEUE_JOURNAL
+    stale = [base.with_name(base.name + suffix) for suffix in (".state", ".log", ".state.tmp")]
+    for path in (p for p in stale if p.exists()):
+        log.info("removing the previous driver's queue journal file %s", path)
+        path.unlink()
+    return base
+
+
+class RewardBatchIds:
+    """Ids of reward batches: ``(iteration, phase, n)``.
+
+    ``iteration`` and ``phase`` (``rollout`` or ``explore``) are those of the requests collected
+    last; ``n`` counts the batches of that (iteration, phase), since exploration scores several
+    batches per iteration. Ids are unique within a driver's life (the reward actor's cache of
+    results lives no longer) and are the same for the same run, so a retried call with its id is
+    recognised as a repeat.
+    """
+
+    def __init__(self) -> None:
+        self.label: tuple[int, str] = (0, "none")
+        self._counts: Counter[tuple[int, str]] = Counter()
+
+    def collected(self, specs: Sequence) -> None:
+        if specs:
+            self.label = (int(specs[0].iteration), specs[0].kind.value)
+
+    def next(self) -> tuple[int, str, int]:
+        n = self._counts[self.label]
+        self._counts[self.label] += 1
+        return self.label + (n,)
+
+
 def init_ray(cluster: RayClusterConfig) -> None:
     """Join `address`, or start a local Ray bound to 127.0.0.1 with the simulated-GPU resources."""
     set_loopback_env()
@@ -69,11 +120,13 @@ def init_ray(cluster: RayClusterConfig) -> None:
 
 
 class RayBackend:
-    """``spot_market``, ``spot_clock`` and ``spot_worker_kwargs`` replace the spot pool's market,
-    clock and per-node worker arguments (tests: a made-up market, a fake clock, failure injection)."""
+    """``run_dir``: where the queue actor keeps its crash-recovery journal (None: no journal, a
+    dead queue ends the run). ``spot_market``, ``spot_clock`` and ``spot_worker_kwargs`` replace
+    the spot pool's market, clock and per-node worker arguments (tests: a made-up market, a fake
+    clock, failure injection)."""
 
     def __init__(self, cfg: RunConfig, policy_path: str | Path, cluster: RayClusterConfig | None = None, *,
-                 spot_market=None, spot_clock: Callable[[], float] | None = None,
+                 run_dir: str | Path | None = None, spot_market=None, spot_clock: Callable[[], float] | None = None,
                  spot_worker_kwargs: Callable[[str], Mapping[str, object]] | None = None):
         from roll_spotlight.dispatch.actor import create_queue_actor
         from roll_spotlight.dispatch.queue import QueueConfig
@@ -87,11 +140,15 @@ class RayBackend:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
         data, path, threads = to_dict(cfg), str(policy_path), self.cluster.threads_per_actor
         self._path = path
-        self.queue = create_queue_actor(QueueConfig(max_attempts=SPOT_MAX_ATTEMPTS) if cfg.spot.enabled else None)
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}).remote(data, path, self.store, threads)
         self.reward = RewardActor.remote(data)
+        self.batch_ids = RewardBatchIds()
         self.weight_version = ray.get(self.trainer.weight_version.remote())
+        # the journal creates run_dir: only once the trainer is up, so an earlier failure leaves none
+        journal = fresh_queue_journal(run_dir) if run_dir is not None else None
+        self.queue = create_queue_actor(QueueConfig(max_attempts=SPOT_MAX_ATTEMPTS) if cfg.spot.enabled else None,
+                                        journal=journal)
         self.workers = {}
         self.serving = {}
         for i in range(self.cluster.ondemand_workers):
@@ -126,6 +183,7 @@ class RayBackend:
 
     def rollouts(self, specs) -> list:
         t0 = time.time()
+        self.batch_ids.collected(specs)
         ids = ray.get(self.queue.submit.remote(specs))
         wanted, done = set(ids), {}
         while len(done) < len(wanted):
@@ -141,7 +199,7 @@ class RayBackend:
         return [done[i] for i in ids]
 
     def score(self, images: np.ndarray, prompts: list[str]):
-        return ray.get(self.reward.score.remote(images, prompts))
+        return ray.get(self.reward.score.remote(images, prompts, batch_id=self.batch_ids.next()))
 
     def start_train(self, outputs, prompts, group_ids, rewards):
         return self.trainer.train.remote(outputs, prompts, group_ids, rewards)
