@@ -56,11 +56,12 @@ def test_unknown_spotlight_key_fails_although_dacite_is_lenient(workdir):
         _tiny_config(workdir, "+spot.max_wrokers=3")
 
 
-def test_trainer_on_several_ranks_fails_at_parse_time_with_the_fix(workdir):
+def test_more_trainer_ranks_than_samples_fail_at_parse_time_with_the_fix(workdir):
     from roll_spotlight.configuration import ConfigError
 
-    with pytest.raises(ConfigError, match=r"trainer.world_size=2.*list\(range\(0,1\)\)"):
-        _tiny_config(workdir, "trainer.world_size=2")
+    with pytest.raises(ConfigError, match=r"trainer.world_size=9 exceeds the 8 samples.*fewer trainer ranks"):
+        _tiny_config(workdir, "trainer.world_size=9")  # rollout_batch_size=2 x group_size=4
+    assert _tiny_config(workdir, "trainer.world_size=8").trainer.world_size == 8
 
 
 def test_worker_names_resolve_to_roll_workers(workdir):

@@ -14,8 +14,9 @@ Fitting ROLL's ``BaseConfig`` (v0.3.0):
   not become tuples. The Spotlight sections are therefore declared as mappings for dacite and parsed
   in ``__post_init__`` by our strict loader into their dataclasses (unknown keys are errors).
 - ``track_with`` defaults to ``stdout``: ROLL's default, tensorboard, is not installed by ROLL.
-- The trainer runs on one rank: a recipe whose ``trainer`` spans several GPUs fails here, at
-  parse time, with the fix in the message (docs/roll.md, "What to expect").
+- The trainer is data-parallel over ``trainer.world_size`` ranks (`roll_spotlight.roll.workers`);
+  every rank needs at least one sample of each iteration's batch, so more ranks than
+  ``rollout_batch_size * train.group_size`` fail here, at parse time, with the fix in the message.
 """
 from __future__ import annotations
 
@@ -95,10 +96,12 @@ class SpotlightConfig(BaseConfig):
         if not isinstance(worker.world_size, int) or worker.world_size < 1:
             raise ConfigError(f"{role}.world_size must be >= 1 (or set {role}.device_mapping), "
                               f"got {worker.world_size!r}")
-        if role == "trainer" and worker.world_size != 1:
-            raise ConfigError(f"trainer.world_size={worker.world_size}: the ROLL host trains on one rank (no "
-                              "data-parallel Flow-GRPO trainer yet); give the trainer one GPU "
-                              "(device_mapping: list(range(0,1))) and the other GPUs to rollout")
+        samples = self.rollout_batch_size * self.train.group_size
+        if role == "trainer" and worker.world_size > samples:
+            raise ConfigError(f"trainer.world_size={worker.world_size} exceeds the {samples} samples of an "
+                              f"iteration (rollout_batch_size={self.rollout_batch_size} x train.group_size="
+                              f"{self.train.group_size}): a data-parallel trainer rank needs at least one; "
+                              "use fewer trainer ranks (device_mapping) or a larger batch")
 
     @property
     def sections(self) -> SpotlightSections:

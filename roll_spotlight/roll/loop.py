@@ -11,6 +11,7 @@ validation. This module supplies its backend for ROLL, `RollClusterBackend`:
                 --score--> reward cluster (each rank its share)
                 --start_train/training/finish_train--> trainer cluster --publish v--> WeightStore
                                                                   rollout ranks, spot workers fetch v
+                (trainer rank r trains shard r of the batch; gradients all-reduced; rank 0 publishes)
 
 The trainer's update runs without blocking the driver, so stale exploration (the prompts of t+1
 explored with the weights of t) proceeds while it trains, through the same dispatch.
@@ -169,8 +170,14 @@ class RollClusterBackend:
         return RewardOutput(rewards, {"reward_fallback": fallback})
 
     def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray):
-        """Start one update on the trainer cluster without waiting: (refs, start time)."""
-        refs = self.trainer.train(outputs, list(prompts), group_ids, rewards, blocking=False)
+        """Start one update on the trainer cluster without waiting: (refs, start time).
+
+        Each rank gets its contiguous shard of outputs and prompts (rank order) and the rewards and
+        group ids of the whole batch, so advantages and the loss normaliser are the global ones.
+        """
+        world = self.trainer.world_size
+        refs = self.trainer.train(split_even(outputs, world), split_even(list(prompts), world),
+                                  [group_ids] * world, [rewards] * world, blocking=False)
         return refs, time.monotonic()
 
     def training(self, handle) -> bool:
@@ -180,7 +187,7 @@ class RollClusterBackend:
 
     def finish_train(self, handle) -> dict:
         refs, t0 = handle
-        metrics, self.weight_version = ray.get(refs)[0]
+        metrics, self.weight_version = ray.get(refs)[0]  # every rank reports the same (global) metrics
         self._phase("train", t0)
         metrics = metrics | self.dispatch.metrics()
         self.tracker.log(values={k: v for k, v in metrics.items() if isinstance(v, (int, float))},

@@ -98,19 +98,25 @@ class DiffusersTrainStrategy:
     """One Flow-GRPO update per iteration on rollout outputs; owns optimiser and validation.
 
     With a weight store it publishes every weight version (the base as version 0) for the rollout
-    ranks and the spot workers to fetch.
+    ranks and the spot workers to fetch. With a `sync` (`roll_spotlight.training.grpo.
+    AllReduceGradients`) it is one rank of a data-parallel trainer: it starts from rank 0's weights
+    (broadcast, so a randomly initialised adapter agrees too), trains on its shard of each batch,
+    and only the rank given the store publishes.
     """
 
-    def __init__(self, cfg: RunConfig, policy, store=None) -> None:
+    def __init__(self, cfg: RunConfig, policy, store=None, sync=None) -> None:
         from roll_spotlight.runtime.trainer_core import TrainerCore
 
         self.core = TrainerCore(cfg, policy)
+        if sync is not None:
+            sync.replicate(policy)
+            self.core.trainer.sync = sync
         self.store = store
         self.publish()
 
     @classmethod
-    def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersTrainStrategy":
-        return cls(cfg, build_base_policy(cfg, base_path), store)
+    def build(cls, cfg: RunConfig, base_path: str | None, store=None, sync=None) -> "DiffusersTrainStrategy":
+        return cls(cfg, build_base_policy(cfg, base_path), store, sync)
 
     @property
     def weight_version(self) -> int:
@@ -121,12 +127,27 @@ class DiffusersTrainStrategy:
             self.store.publish(self.core.weight_version, self.core.policy.state_dict())
 
     def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
+        """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids`: the batch."""
+        ranks = self.core.trainer.sync.world_size
+        if len(rewards) < ranks:  # checked on every rank alike, before any collective, so none hangs
+            raise ValueError(f"{ranks} trainer ranks but {len(rewards)} samples in the batch; every rank needs one")
         metrics = self.core.train(outputs, prompts, group_ids, rewards)
         self.publish()
         return metrics
 
     def evaluate(self):
         return self.core.evaluate()
+
+    def weights_digest(self) -> str:
+        import hashlib
+
+        import torch
+
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.core.policy.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def save(self, path: str) -> None:
         self.core.save(Path(path))

@@ -9,9 +9,13 @@ by a name in the ``roll_spotlight.strategies`` group, read from
 Dispatch modes: rollouts and rewards are ``ALL_TO_ALL``: the backend hands each rank its own
 contiguous share (`roll_spotlight.roll.loop.split_even`), so a batch need not divide the world
 size (ROLL's ``DP_MP_COMPUTE`` asserts it does); in pull mode every rollout rank ``drain`` s the
-shared queue instead. The trainer is ``ONE_TO_ALL`` (one rank, see `SpotlightConfig`), which lets
-the backend start an update without waiting for it. Weights travel through the run's weight
-store, never through the driver.
+shared queue instead. Weights travel through the run's weight store, never through the driver.
+
+The trainer is data-parallel over its cluster's ranks: ``train`` is ``ALL_TO_ALL`` (rank r gets
+the r-th contiguous shard of the outputs and prompts, and the rewards and group ids of the whole
+batch), the ranks all-reduce gradients over a torch.distributed group that ``initialize`` sets up
+at ROLL's master address and port (gloo on CPU, nccl on GPU), and rank 0 alone publishes weights,
+validates and writes checkpoints. With one rank no process group is created.
 """
 from __future__ import annotations
 
@@ -43,27 +47,58 @@ class _DiTWorker(Worker):
 
 
 class DiTTrainerWorker(_DiTWorker):
-    """The on-demand Flow-GRPO trainer (one rank); publishes every weight version to the store."""
+    """The on-demand Flow-GRPO trainer, data-parallel over the cluster's ranks; rank 0 publishes."""
 
     default_strategy = "diffusers_train"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def initialize(self, pipeline_config, base_path: str | None = None, store=None) -> None:
+        Worker.initialize(self, pipeline_config)
+        cfg = pipeline_config.to_run_config()
+        strategy_cls = plugins.resolve("strategies", self._strategy_name())
+        sync = self._gradient_sync(cfg.model.device) if self.world_size > 1 else None
+        self.strategy = strategy_cls.build(cfg, base_path, store if self.rank == 0 else None, sync=sync)
+
+    def _gradient_sync(self, device: str):
+        """Join the trainer ranks' process group at ROLL's master address; the all-reduce hook."""
+        import torch
+        import torch.distributed as dist
+
+        from roll_spotlight.training.grpo import AllReduceGradients
+
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # ROLL makes this rank's GPU the only visible one
+        dist.init_process_group(backend, init_method=f"tcp://{self.master_addr}:{self.master_port}",
+                                rank=self.rank, world_size=self.world_size)
+        return AllReduceGradients()
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def train(self, outputs: list, prompts: list, group_ids: np.ndarray, rewards: np.ndarray) -> tuple[dict, int]:
-        """Metrics of one update and the weight version it published."""
+        """One update on this rank's shard (outputs, prompts) of the batch (group_ids, rewards):
+        its metrics (global, equal on every rank) and the weight version it made."""
         return self.strategy.train(outputs, prompts, group_ids, rewards), self.strategy.weight_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
     def evaluate(self):
-        return self.strategy.evaluate()
+        """Rank 0 validates (the replicas hold the same weights); other ranks return None."""
+        return self.strategy.evaluate() if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
     def save_checkpoint(self, path: str) -> None:
-        self.strategy.save(path)
+        if self.rank == 0:
+            self.strategy.save(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
     def load_checkpoint(self, path: str) -> int:
+        """Every rank loads the same file (a path all trainer nodes can read)."""
         self.strategy.load(path)
         return self.strategy.weight_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_digest(self) -> str:
+        """A hash of this rank's weights: data-parallel replicas must agree bit for bit."""
+        return self.strategy.weights_digest()
 
 
 class DiTRolloutWorker(_DiTWorker):

@@ -3,6 +3,20 @@
 One `FlowGRPOTrainer.step` = one optimiser step per inner epoch over the whole batch (gradients
 accumulated over micro-batches and noised steps). Probes on CPU found several Adam steps per
 iteration at lr >= 1e-4 degrade validation quickly (DESIGN.md section 5b), hence the default.
+
+Data parallelism. A `GradientSync` is the trainer's one hook into other ranks; the default
+(`GradientSync`) is one rank holding the whole batch and does nothing. `AllReduceGradients` runs
+the same step on `world_size` ranks of a torch.distributed group, each holding a contiguous shard
+of the batch (rank order), equal to the one-rank step up to float summation order:
+
+- every rank gets the rewards and group ids of the *whole* batch (a few floats), so advantages,
+  the zero-std filter and the normaliser ``kept samples x noised steps`` are the global ones, and
+  a group split across ranks is still one group;
+- each rank back-propagates its shard's terms of the global mean, so the *sum* of the ranks'
+  gradients (one all-reduce, between backward and clipping) is the one-rank gradient; clipping,
+  the optimiser step and the loss metrics then see global values and the replicas stay equal.
+
+torch.distributed is imported only by `AllReduceGradients`, when one is built.
 """
 from __future__ import annotations
 
@@ -29,6 +43,12 @@ class ScoredBatch:
     kind: str
 
     def __len__(self) -> int:
+        """Samples in the whole batch (`rewards`); `trajectory` and `prompts` may hold a shard."""
+        return len(self.rewards)
+
+    @property
+    def rows(self) -> int:
+        """Samples held here (all of them, or a data-parallel rank's shard)."""
         return len(self.prompts)
 
 
@@ -44,12 +64,93 @@ def trainable_parameters(policy, which: str) -> list[torch.nn.Parameter]:
     return [p for p in params if p.requires_grad]
 
 
-class FlowGRPOTrainer:
-    """Owns the optimiser and the frozen reference copy of a policy."""
+class GradientSync:
+    """One rank with the whole batch: no other rank to agree with (the default hook)."""
 
-    def __init__(self, policy, cfg: GRPOConfig):
+    world_size = 1
+
+    def shard_offset(self, rows: int, total: int) -> int:
+        """Index in the whole batch of this rank's first sample."""
+        if rows != total:
+            raise ValueError(f"a single-rank trainer needs the whole batch, got {rows} of {total} samples "
+                             "(train a shard with AllReduceGradients)")
+        return 0
+
+    def replicate(self, module: torch.nn.Module) -> None:
+        """Make this rank's copy of `module` rank 0's (parameters and buffers)."""
+
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Called between backward and gradient clipping; sums the ranks' gradients in place."""
+
+    def reduce_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        return totals
+
+
+class AllReduceGradients(GradientSync):
+    """Data parallelism over a torch.distributed process group (gloo on CPU, nccl on GPU).
+
+    Shards are contiguous and in rank order; their sizes may differ (one may be empty) and are
+    exchanged once per step. Gradients travel as one flat buffer per step (one all-reduce);
+    a parameter that got no gradient on any rank keeps ``grad=None``, as on one rank, so AdamW
+    skips it in both cases. Every rank must call `FlowGRPOTrainer.step` for every batch.
+    """
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise ValueError("AllReduceGradients needs torch.distributed.init_process_group first")
+        self.dist, self.group = dist, group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.root = 0 if group is None else dist.get_global_rank(group, 0)  # rank 0 of the group
+
+    def _device(self) -> torch.device:
+        backend = str(self.dist.get_backend(self.group))
+        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    def shard_offset(self, rows: int, total: int) -> int:
+        sizes = torch.zeros(self.world_size, dtype=torch.int64, device=self._device())
+        sizes[self.rank] = rows
+        self.dist.all_reduce(sizes, group=self.group)
+        if int(sizes.sum()) != total:
+            raise ValueError(f"the ranks' shards hold {sizes.tolist()} samples, {int(sizes.sum())} in all, "
+                             f"but the batch has {total} rewards")
+        return int(sizes[:self.rank].sum())
+
+    @torch.no_grad()
+    def replicate(self, module: torch.nn.Module) -> None:
+        for tensor in module.state_dict().values():
+            self.dist.broadcast(tensor, src=self.root, group=self.group)
+
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        device = self._device()
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+        self.dist.all_reduce(present, group=self.group)
+        active = [p for p, n in zip(params, present.tolist()) if n > 0]
+        if not active:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(device)
+                          for p in active])
+        self.dist.all_reduce(flat, group=self.group)
+        for p, g in zip(active, flat.split([p.numel() for p in active])):
+            p.grad = g.view_as(p).to(p.device, p.dtype)
+
+    def reduce_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        values = torch.tensor(list(totals.values()), dtype=torch.float64, device=self._device())
+        self.dist.all_reduce(values, group=self.group)
+        return dict(zip(totals, values.tolist()))
+
+
+class FlowGRPOTrainer:
+    """Owns the optimiser and the frozen reference copy of a policy.
+
+    `sync` is the data-parallel hook (`GradientSync`: one rank; `AllReduceGradients`: a group).
+    """
+
+    def __init__(self, policy, cfg: GRPOConfig, sync: GradientSync | None = None):
         self.policy = policy
         self.cfg = cfg
+        self.sync = sync or GradientSync()
         self.params = trainable_parameters(policy, cfg.trainable)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         self.reference = self._frozen_copy(policy) if cfg.kl_beta > 0 else None
@@ -73,27 +174,33 @@ class FlowGRPOTrainer:
         steps = np.flatnonzero(batch.trajectory.noised.numpy()).tolist()
         if len(keep) == 0 or not steps:
             return metrics | {"skipped": 1.0}
+        offset = self.sync.shard_offset(batch.rows, len(batch))
+        local = keep[(keep >= offset) & (keep < offset + batch.rows)] - offset  # this rank's kept rows
+        shard_adv = adv.values[offset:offset + batch.rows]
         for _ in range(self.cfg.inner_epochs):
-            metrics |= self._epoch(batch, adv.values, keep, steps)
+            metrics |= self._epoch(batch, shard_adv, local, len(keep) * len(steps), steps)
         return metrics
 
-    def _epoch(self, batch: ScoredBatch, adv: torch.Tensor, keep: np.ndarray, steps: list[int]) -> dict:
+    def _epoch(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int, steps: list[int]) -> dict:
+        """One optimiser step; `local` are this rank's kept rows, `norm` the global kept x steps count."""
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = [keep[i:i + self.cfg.micro_batch_size] for i in range(0, len(keep), self.cfg.micro_batch_size)]
+        chunks = [local[i:i + self.cfg.micro_batch_size] for i in range(0, len(local), self.cfg.micro_batch_size)]
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
         for idx in chunks:
             for k in steps:
                 out = self._micro_loss(batch, adv, idx, k)
-                weight = len(idx) / (len(keep) * len(steps))  # mean over kept samples and steps
+                weight = len(idx) / norm  # this chunk's share of the mean over all kept samples and steps
                 (out.loss * weight).backward()
                 for name in totals:
                     totals[name] += float(getattr(out, name).detach()) * weight
+        self.sync.reduce_gradients(self.params)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
-        return totals | {"grad_norm": float(grad_norm)}
+        return self.sync.reduce_metrics(totals) | {"grad_norm": float(grad_norm)}
 
     def _micro_loss(self, batch: ScoredBatch, adv: torch.Tensor, idx: np.ndarray, k: int):
+        """Loss of rows `idx` (of the rows held here) at step k; `adv` is aligned with those rows."""
         sub = batch.trajectory.select(torch.as_tensor(idx))
         prompts = [batch.prompts[i] for i in idx]
         cond = self.policy.encode_prompts(prompts)
