@@ -55,6 +55,8 @@ def tiny() -> TinyShapesDiT:
         ({"max_prompt_tokens": 1}, "model.max_prompt_tokens"),
         ({"joint_attention_dim": 66}, "model.joint_attention_dim"),
         ({"max_sequence_length": 2048}, "model.max_sequence_length"),
+        ({"prediction": "epsilon"}, "model.prediction"),
+        ({"preset": "qwen_image", "path": "x", "prediction": "sample"}, "model.prediction"),
     ],
 )
 def test_config_validation_names_the_key(overrides, key):
@@ -157,6 +159,35 @@ def test_velocity_rejects_mismatched_shapes(tiny):
         tiny.velocity(latents[:, :100], sigma, cond)
     with pytest.raises(ValueError, match="velocity expects"):
         tiny.velocity(latents, sigma, cond.repeat_interleave(2))
+
+
+def test_prediction_defaults_by_preset():
+    assert ModelConfig().prediction == "sample"
+    assert ModelConfig(preset="qwen_image", path="x").prediction == "velocity"
+
+
+def test_sample_prediction_returns_the_velocity_of_the_predicted_x0():
+    """x_0-prediction: the same network output read as x_0_hat gives v = (x_sigma - x_0_hat) / sigma,
+    so one Euler step from sigma to 0 lands exactly on x_0_hat."""
+    by_sample, by_velocity = make_tiny(prediction="sample"), make_tiny(prediction="velocity")
+    cond = by_sample.encode_prompts(PROMPTS)
+    latents, sigma = noisy_inputs(by_sample)
+    sigma = sigma.clamp(min=0.05)
+    with torch.no_grad():
+        x0_hat = by_velocity.velocity(latents, sigma, cond)  # same weights: the raw network output
+        v = by_sample.velocity(latents, sigma, cond)
+    torch.testing.assert_close(v, (latents - x0_hat) / sigma.view(-1, 1, 1), rtol=0, atol=0)
+    torch.testing.assert_close(latents - sigma.view(-1, 1, 1) * v, x0_hat, rtol=1e-5, atol=1e-5)
+
+
+def test_prompt_encoder_conditions_identically_with_and_without_grad():
+    """Rollouts encode under no_grad in eval mode, training re-encodes with grad: bit-identical."""
+    policy = make_tiny(prompt_encoder_layers=2)
+    policy.eval()
+    with torch.no_grad():
+        rollout = policy.encode_prompts(PROMPTS).embeds
+    policy.train()
+    assert torch.equal(rollout, policy.encode_prompts(PROMPTS).embeds.detach())
 
 
 def test_gradient_reaches_transformer_and_prompt_encoder():

@@ -42,7 +42,10 @@ def test_two_runs_are_bit_identical_and_weights_move(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]
     assert strip(ma) == strip(mb)
     trained = [r for r in ma if r["step"] >= 1]
-    assert all(r["ratio_mean"] == 1.0 for r in trained), "first inner epoch must be on-policy"
+    # on-policy: rollouts run one request at a time, the recompute in micro-batches, and CPU matmuls
+    # block differently by batch size (~1e-7 in the velocity), so the ratio is 1 to float32 rounding
+    # here; exactly 1 at equal batch composition is tested in test_flow_grpo_train.py
+    assert all(abs(r["ratio_mean"] - 1.0) < 1e-6 for r in trained), "first inner epoch must be on-policy"
     assert trained[0]["weight_version"] == 1 and trained[1]["weight_version"] == 2
     assert any(r["grad_norm"] > 0 for r in trained)
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())

@@ -120,8 +120,10 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
             timestep=sigma.to(self.dtype),
             img_shapes=img_shapes_for(batch, *self.latent_grid),
             return_dict=False,
-        )[0]
-        return out.float()
+        )[0].float()
+        if self.cfg.prediction == "sample":  # the network predicts x_0; sigma >= the schedule's last nonzero value
+            return (latents.float() - out) / sigma.float().clamp(min=1e-4).view(-1, 1, 1)
+        return out
 
     def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
         return (p for p in self.parameters() if p.requires_grad)

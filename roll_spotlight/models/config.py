@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 PRESETS = ("tiny", "qwen_image")
 DTYPES = ("float32", "bfloat16")
+PREDICTIONS = ("velocity", "sample")
 
 
 @dataclass
@@ -21,11 +22,19 @@ class ModelConfig:
     pipeline directory from `path` (never downloads); `max_sequence_length` caps its text tokens.
     `path` is not read by `build_policy` for the tiny preset (a tiny base checkpoint is loaded
     with `load_tiny_policy`).
+
+    `prediction` is what the transformer's output means. "velocity" (Qwen-Image's own choice,
+    required for `qwen_image`) is noise - x_0. "sample" means the network predicts the clean x_0
+    and the policy returns the velocity (x_sigma - x_0_hat) / sigma: in pixel space, where a token
+    is a raw 2x2 RGB patch, a small network cannot copy the per-pixel noise it would have to predict
+    as a velocity, and leftover noise speckles every sample; predicting the clean image does not
+    have that problem. None picks "sample" for `tiny` and "velocity" for `qwen_image`.
     """
 
     preset: str = "tiny"
     path: str | None = None
     dtype: str = "float32"
+    prediction: str | None = None   # None: "sample" for tiny, "velocity" for qwen_image
     gradient_checkpointing: bool = False
     image_size: int = 32
     device: str = "cpu"
@@ -50,6 +59,12 @@ class ModelConfig:
     def _validate_choices(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"model.preset must be one of {PRESETS}, got {self.preset!r}")
+        if self.prediction is None:
+            self.prediction = "sample" if self.preset == "tiny" else "velocity"
+        if self.prediction not in PREDICTIONS:
+            raise ValueError(f"model.prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
+        if self.preset == "qwen_image" and self.prediction != "velocity":
+            raise ValueError("model.prediction must be 'velocity' for preset 'qwen_image' (the checkpoint predicts velocity)")
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.preset == "qwen_image" and not self.path:

@@ -30,7 +30,7 @@ from roll_spotlight.models.packing import pack_2x2, unpack_2x2
 _WORD = re.compile(r"[^\W_]+")
 PAD_ID = 0
 START_ID = 1
-CHECKPOINT_FORMAT = "roll_spotlight.tiny_policy.v1"
+CHECKPOINT_FORMAT = "roll_spotlight.tiny_policy.v2"  # v2: ModelConfig.prediction
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -100,6 +100,16 @@ class PromptEncoder(torch.nn.Module):
         )
         self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False) if layers else None
         self.norm = torch.nn.LayerNorm(dim)
+
+    def train(self, mode: bool = True) -> PromptEncoder:
+        """The encoder layers stay in training mode (dropout is 0, so it is the same function):
+        in eval mode under no_grad, torch takes a fused inference kernel that differs from the
+        autograd path by ~1e-7, and rollouts (no grad) must condition exactly as the training
+        recompute (grad) does, or the first importance ratio is not exactly 1."""
+        super().train(mode)
+        if self.encoder is not None:
+            self.encoder.train(True)
+        return self
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(ids.shape[1], device=ids.device)

@@ -114,12 +114,14 @@ class PretrainConfig:
     warmup_steps: int = 50
     seed: int = 0
     eval_samples: int = 128
+    ema_decay: float = 0.995   # the saved base is this moving average of the weights; 0 saves the last step
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "pretrain.steps", self.steps, "must be >= 1")
         _require(self.batch_size >= 1, "pretrain.batch_size", self.batch_size, "must be >= 1")
         _require(self.learning_rate > 0, "pretrain.learning_rate", self.learning_rate, "must be > 0")
         _require(self.warmup_steps >= 0, "pretrain.warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(0 <= self.ema_decay < 1, "pretrain.ema_decay", self.ema_decay, "must be in [0, 1)")
 
 
 @dataclass

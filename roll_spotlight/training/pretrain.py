@@ -8,6 +8,7 @@ the user's cache directory under a hash of everything that determines it.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -23,7 +24,8 @@ from roll_spotlight.configuration import to_dict
 from roll_spotlight.training.config import RunConfig
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+MIN_LOSS_SIGMA = 0.05
+FORMAT_VERSION = 2   # 2: scene sizes by object count, x_0-predicting tiny model
 
 
 def cache_dir() -> Path:
@@ -86,13 +88,18 @@ def pretrain(cfg: RunConfig, path: Path, *, progress: bool = True) -> dict:
     rng = np.random.default_rng(cfg.pretrain.seed)
     started = time.monotonic()
     bar = tqdm(range(cfg.pretrain.steps), desc="pretrain base", disable=not progress, unit="step")
+    averaged = copy.deepcopy(policy) if cfg.pretrain.ema_decay > 0 else None
     ema = None
     for step in bar:
         loss = _pretrain_step(policy, opt, pool, rng, cfg, step)
+        if averaged is not None:
+            _update_average(averaged, policy, cfg.pretrain.ema_decay, step)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         bar.set_postfix(loss=f"{ema:.4f}")
+    if averaged is not None:
+        policy = averaged
     meta = {"steps": cfg.pretrain.steps, "final_loss_ema": ema, "seconds": time.monotonic() - started,
-            "key": base_key(cfg)}
+            "key": base_key(cfg), "weights": "ema" if averaged is not None else "last"}
     meta |= _base_quality(policy, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -100,6 +107,15 @@ def pretrain(cfg: RunConfig, path: Path, *, progress: bool = True) -> dict:
     tmp.replace(path)
     log.info("pretrained base model saved to %s: %s", path, meta)
     return meta
+
+
+@torch.no_grad()
+def _update_average(averaged, policy, decay: float, step: int) -> None:
+    """Exponential moving average of the weights, with the usual warm-up of the decay
+    (min(decay, (1 + step) / (10 + step))) so early steps are not dominated by the random init."""
+    d = min(decay, (1 + step) / (10 + step))
+    for avg, live in zip(averaged.parameters(), policy.parameters()):
+        avg.lerp_(live, 1.0 - d)
 
 
 def _pretrain_step(policy, opt, pool, rng, cfg: RunConfig, step: int) -> float:
@@ -112,7 +128,11 @@ def _pretrain_step(policy, opt, pool, rng, cfg: RunConfig, step: int) -> float:
     s = sigma.view(-1, *([1] * (x0.dim() - 1)))
     xt = (1 - s) * x0 + s * eps
     cond = policy.encode_prompts([pool.texts[i] for i in ids])
-    loss = torch.nn.functional.mse_loss(policy.velocity(xt, sigma, cond), eps - x0)
+    err = (policy.velocity(xt, sigma, cond) - (eps - x0)) ** 2
+    if policy.cfg.prediction == "sample":
+        # v_hat - v = (x_0 - x_0_hat) / sigma: cap that 1/sigma^2 weight at sigma = MIN_LOSS_SIGMA
+        err = err * (s / s.clamp(min=MIN_LOSS_SIGMA)) ** 2
+    loss = err.mean()
     for group in opt.param_groups:
         group["lr"] = _lr_at(step, pc)
     opt.zero_grad(set_to_none=True)

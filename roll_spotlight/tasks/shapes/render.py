@@ -4,7 +4,8 @@ Geometry is shared with the detector through `shape_mask`: a shape always fills 
 edge, so a rendered object's bounding box is exactly its box, and the detector can classify a
 component by comparing it with the three ideal masks fitted to that bounding box.
 
-Sizes are legible at 32x32 (sides 7-10 px) and scale linearly with `size`. Objects never overlap and
+Sizes are legible at 32x32 and scale linearly with `size`; an object's side shrinks as the scene
+fills (11-15 px alone, 7-9 px among four), so shapes are as large as the layout allows. Objects never overlap and
 keep a gap of >= 2 px (scaled), so each is one connected component. A relation `A rel B` is
 rendered with the mask centroids >= `RELATION_MARGIN * size` apart along the relation's axis.
 """
@@ -16,7 +17,8 @@ import numpy as np
 
 from roll_spotlight.tasks.shapes.spec import BACKGROUND, COLORS, SceneSpec
 
-SIDE_RANGE_32 = (7, 10)   # object side in pixels at size 32
+# object side in pixels at size 32, by the number of objects in the scene
+SIDE_RANGE_32 = {1: (11, 15), 2: (9, 12), 3: (8, 10), 4: (7, 9)}
 GAP_32 = 2                # min empty pixels between objects at size 32
 BORDER_32 = 1             # min empty pixels to the image edge at size 32
 RELATION_MARGIN = 0.25    # centroid offset along the relation axis, as a fraction of the size
@@ -89,10 +91,11 @@ def relation_holds(a: tuple[float, float], b: tuple[float, float], relation: str
 
 
 def _try_layout(spec: SceneSpec, rng: np.random.Generator, size: int) -> list[Placement] | None:
-    lo, hi = (_scaled(s, size) for s in SIDE_RANGE_32)
+    instances = _instances(spec, rng)
+    lo, hi = (_scaled(s, size) for s in SIDE_RANGE_32[min(len(instances), max(SIDE_RANGE_32))])
     gap, border = _scaled(GAP_32, size), _scaled(BORDER_32, size)
     placed: list[Placement] = []
-    for shape, color in _instances(spec, rng):
+    for shape, color in instances:
         side = int(rng.integers(lo, hi + 1))
         for _ in range(_MAX_TRIES):
             top, left = (int(v) for v in rng.integers(border, size - border - side + 1, size=2))
