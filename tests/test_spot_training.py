@@ -302,3 +302,27 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
     assert (spot["spot/requests_failed"], spot["spot/duplicate_completions"], spot["spot/late_completions_rejected"]) \
         == (0, 0, 0)
     assert spot["cost/gpu_s/spot/synthetic"] > 0 and spot["cost/usd"] < spot["cost/all_ondemand_usd"]
+
+
+def test_a_wall_clock_pool_polls_its_market_while_the_driver_is_busy():
+    """A notice that falls due while the driver validates or waits for the trainer must still be
+    delivered on time: the background poller advances the market without any driver poll."""
+    import time
+
+    now = [0.0]
+    market = two_node_market()
+    ledger = CostLedger(training_prices(SpotConfig(), market.trace))
+    pool = ElasticSpotPool(MarketSchedule(market), FakeLauncher(), ledger, SpotPoolConfig(bill_scale=10.0))
+    polled: list[float] = []
+    real_poll = pool.poll
+    pool.poll = lambda t: (polled.append(t), real_poll(t))[1]
+    spot = TrainingSpotPool(pool, ledger, lambda: now[0], ondemand_gpus=1, background_poll_s=0.005)
+    deadline = time.monotonic() + 10.0
+    while not polled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert polled, "the background poller never polled"
+    spot.close()
+    after_close = len(polled)
+    time.sleep(0.05)
+    assert len(polled) == after_close  # closed: the poller has stopped
+    assert spot._poller is not None and not spot._poller.is_alive()

@@ -67,6 +67,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -576,6 +577,7 @@ def _ray_draining_nodes() -> Mapping[str, int]:
 # Training: the market, prices and pool of a run's ``spot:`` section
 
 ONDEMAND_BILLING = "ondemand-gpus"  # the ledger entry of the trainer and on-demand rollout GPUs
+BACKGROUND_POLL_S = 0.2  # how often a wall-clock training pool polls its market between driver polls
 CONFIG_PRICE_SOURCE = "set in the run config ({key})"
 
 
@@ -629,23 +631,45 @@ class TrainingSpotPool:
     """
 
     def __init__(self, pool: ElasticSpotPool, ledger: CostLedger, clock: Callable[[], float],
-                 ondemand_gpus: int) -> None:
+                 ondemand_gpus: int, *, background_poll_s: float | None = None) -> None:
         assert ondemand_gpus >= 1, "the trainer alone is one on-demand GPU"
         self.pool, self.ledger, self.clock = pool, ledger, clock
         self.ondemand_gpus = ondemand_gpus
         self._seen: set[int] = set()
         self.completed_on_spot = self.outputs_resumed = self.duplicate_completions = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
         ledger.start(ONDEMAND_BILLING, "ondemand", 0.0, gpus=ondemand_gpus)
+        if background_poll_s is not None:
+            self._start_poller(background_poll_s)
+
+    def _start_poller(self, interval_s: float) -> None:
+        """The market runs on the wall clock whatever the driver is doing (validating, waiting for
+        the trainer), so a daemon thread polls it too; otherwise a notice that falls due while the
+        driver is busy arrives late and its node dies without committing."""
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                self.poll()
+
+        self._poller = threading.Thread(target=loop, name="spot-pool-poller", daemon=True)
+        self._poller.start()
 
     @property
     def bill_scale(self) -> float:
         return self.pool.config.bill_scale
 
     def poll(self) -> None:
-        self.pool.poll(self.clock())
+        with self._lock:
+            if not self._stop.is_set():
+                self.pool.poll(self.clock())
 
     def record(self, completion) -> None:
         """Count one collected completion (a ``dispatch.requests.Completion``)."""
+        with self._lock:
+            self._record(completion)
+
+    def _record(self, completion) -> None:
         request_id = completion.request.request_id
         if request_id in self._seen:
             self.duplicate_completions += 1
@@ -659,6 +683,10 @@ class TrainingSpotPool:
 
     def metrics(self, queue: QueueStats) -> dict[str, float]:
         """Flat counters and costs so far, for a run's metrics row (TensorBoard-friendly keys)."""
+        with self._lock:
+            return self._metrics(queue)
+
+    def _metrics(self, queue: QueueStats) -> dict[str, float]:
         stats = self.pool.stats
         counters = {
             "spot/workers_serving": self.pool.serving, "spot/nodes_started": stats.nodes_up,
@@ -675,6 +703,10 @@ class TrainingSpotPool:
 
     def close(self) -> CostReport:
         """Stop every spot worker and all billing; returns the run's final cost."""
+        with self._lock:
+            self._stop.set()
+        if self._poller is not None:
+            self._poller.join()
         now = self.clock()
         self.pool.close(now)
         if ONDEMAND_BILLING in self.ledger.open_nodes:
@@ -718,4 +750,6 @@ def start_training_pool(spot: SpotConfig, policy_path: str, queue, store, *, ond
         log.warning("spot workers of the initial fleet were not ready after %.0f s; training goes on", ready_timeout_s)
     log.info("spot pool: market %s, %d events over %.0f wall s, notice %.1f s, %d initial worker(s)",
              market.trace.name, len(market), market.duration_s, market.notice_s, pool.serving)
-    return TrainingSpotPool(pool, ledger, clock or wall_clock(), ondemand_gpus)
+    # a test's fake clock advances per poll, so only the wall clock gets the background poller
+    return TrainingSpotPool(pool, ledger, clock or wall_clock(), ondemand_gpus,
+                            background_poll_s=None if clock is not None else BACKGROUND_POLL_S)
