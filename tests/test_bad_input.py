@@ -6,6 +6,7 @@ creates the run directory; these cases all fail before any pretraining or rollou
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,10 @@ def test_reward_kwargs_the_reward_does_not_take_name_the_key(tmp_path, capsys):
 
 
 def test_reward_section_that_is_not_a_mapping_names_the_key_and_file(tmp_path, capsys):
-    path = _yaml(tmp_path, CONFIG.read_text().replace("reward:\n  name: shapes\n  kwargs: {mode: partial}\n",
-                                                       "reward: shapes\n"))
+    text, replaced = re.subn(r"reward:\n  name: shapes\n  kwargs: \{mode: \w+\}\n", "reward: shapes\n",
+                             CONFIG.read_text())
+    assert replaced == 1, "the test config's reward section changed shape"
+    path = _yaml(tmp_path, text)
     err = _train(tmp_path, capsys, path)
     assert "reward" in err and "mapping" in err and str(path) in err
 

@@ -57,5 +57,6 @@ def paired_gain(before: Evaluation, after: Evaluation) -> dict:
     diff = after.rewards - before.rewards
     se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
     gain = float(diff.mean())
-    return {"gain": gain, "gain_se": se, "z": gain / se if se > 0 else float("inf") * np.sign(gain),
+    z = gain / se if se > 0 else (0.0 if gain == 0 else math.copysign(math.inf, gain))
+    return {"gain": gain, "gain_se": se, "z": z,
             "strict_change": after.strict_accuracy - before.strict_accuracy}
