@@ -231,11 +231,18 @@ def _child_env() -> dict[str, str]:
 
 
 def _pretrain_bases(cfg: ConvergenceConfig) -> None:
-    """Pretrain (or find cached) each distinct base once, before runs start in parallel."""
+    """Pretrain (or find cached) each distinct base once, before runs start in parallel.
+
+    Pretraining runs alone, so it gets every core (measured: 0.85 s/step with 2 threads against
+    1.9 s/step with one, batch 32): on a fresh machine this is the suite's longest step after the
+    training runs themselves.
+    """
+    threads = str(max(1, os.cpu_count() or 1))
+    env = {**_child_env(), "SPOTLIGHT_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     for config in sorted({SETTINGS[s][0] for s in cfg.settings}):
         cmd = [sys.executable, "-m", "roll_spotlight.cli", "pretrain", "--config", str(cfg.repo_root / config),
-               "--threads", "1", "--no-progress", *[a for o in cfg.overrides for a in ("-o", o)]]
-        subprocess.run(cmd, check=True, env=_child_env(), stdout=subprocess.DEVNULL)
+               "--threads", threads, "--no-progress", *[a for o in cfg.overrides for a in ("-o", o)]]
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def _run_subprocess(cfg: ConvergenceConfig, setting: str, seed: int, out_dir: Path) -> RunRecord:

@@ -38,6 +38,8 @@ MECHANISMS = ("planner", "regroup", "queue")
 HEADLINE_TRACE = ("bamboo-spot-traces/aws/p3-trace.csv", None)
 EXTRA_TRACES = (("skynomad-gcp-h100/h100_probe_counts_wide.csv", "us-central1-b"),)
 SMOKE_SIM_COST = {"prompts_per_iteration": 4, "group_size": 4}
+FULL_CONVERGENCE_SEEDS = (0, 1, 2)
+FULL_CONVERGENCE_OVERRIDES = ("eval_steps=5",)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,9 @@ class SuiteConfig:
     extra_traces: tuple[tuple[str, str | None], ...] = EXTRA_TRACES
     sim_cost: Mapping[str, Any] = field(default_factory=dict)
     timeline_iterations: int = 3
-    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    # three training seeds per setting (what issue-level claims need), evaluated every 5 iterations
+    convergence: ConvergenceConfig = field(default_factory=lambda: ConvergenceConfig(
+        seeds=FULL_CONVERGENCE_SEEDS, overrides=FULL_CONVERGENCE_OVERRIDES))
     convergence_json: Path | None = None
     subprocess_timeout_s: float = 900.0
 
@@ -281,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
     p.add_argument("--convergence-budget-min", type=float, default=None,
                    help="wall minutes for the convergence training runs (default 35)")
-    p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0)")
+    p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
     p.add_argument("--convergence-parallel", type=int, default=None, help="runs at once (default: min(2, cores))")
     p.add_argument("--convergence-override", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every convergence run (repeatable)")
