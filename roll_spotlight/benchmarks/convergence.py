@@ -67,7 +67,7 @@ class ConvergenceConfig:
 
     settings: tuple[str, ...] = tuple(SETTINGS)
     seeds: tuple[int, ...] = (0,)
-    budget_s: float = 2100.0
+    budget_s: float = 1800.0
     parallel: int = 2
     overrides: tuple[str, ...] = ()
     isolate: bool = True

@@ -10,10 +10,11 @@ Order (one table of contents, :func:`run_suite`):
    ``benchmarks/convergence.py`` via ``--convergence-json``);
 4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
 
-Budget of the full run on a fresh 2-core machine (under 60 min): base pretraining ~5 min, planner
+Budget of the full run on a fresh 2-core machine (under 60 min, measured in the report's stage
+table): virtual environment ~4 min (``make bench``), base pretraining ~9 min (both cores), planner
 ~1 min, regroup ~3 min, queue ~1 min, simulator ~4 min, convergence ``--convergence-budget-min``
-(default 35), report < 1 min. ``--smoke`` shrinks everything to CI size (< 60 s) and skips the two
-Ray benchmarks.
+(default 30: 3 settings x 3 seeds, two runs at a time), report < 1 min. ``--smoke`` shrinks
+everything to CI size (< 60 s) and skips the two Ray benchmarks.
 """
 from __future__ import annotations
 
@@ -284,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ondemand", type=int, default=None, help="simulated on-demand GPUs (default 8)")
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
     p.add_argument("--convergence-budget-min", type=float, default=None,
-                   help="wall minutes for the convergence training runs (default 35)")
+                   help="wall minutes for the convergence training runs (default 30)")
     p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
     p.add_argument("--convergence-parallel", type=int, default=None, help="runs at once (default: min(2, cores))")
     p.add_argument("--convergence-override", "-o", action="append", default=[], metavar="KEY=VALUE",
