@@ -80,17 +80,16 @@ def _train(cfg, run_dir: Path, args, resume: bool = False):
     """Start-up order: validate and build everything, then create the run directory, so a failed
     start leaves no half-written run behind (a crash after this point is what --resume is for)."""
     from roll_spotlight.runtime.coordinator import Coordinator
-    from roll_spotlight.training.loop import check_startup
-    from roll_spotlight.training.pretrain import base_path, load_or_pretrain
+    from roll_spotlight.training.loop import check_startup, starting_policy
 
     progress = not args.no_progress
     check_startup(cfg)
-    policy, _ = load_or_pretrain(cfg, progress=progress)
+    policy, source = starting_policy(cfg, progress=progress)
     if getattr(args, "ray", False) or getattr(args, "address", None) or cfg.spot.enabled:  # spot runs on Ray
         from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
 
         cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers)
-        backend = RayBackend(cfg, base_path(cfg), cluster, run_dir=run_dir)  # run_dir: the queue's journal
+        backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
     else:
         from roll_spotlight.runtime.local import LocalBackend
 

@@ -15,6 +15,7 @@ from roll_spotlight.models import (
     save_policy,
 )
 from roll_spotlight.models.packing import pack_2x2, unpack_2x2
+from tests.qwen_helpers import TEXT_DIM, save_tiny_qwen
 
 VOCAB = ["a", "one", "two", "three", "red", "blue", "green", "circle", "circles", "square", "squares", "and"]
 PROMPTS = ["two red circles", "A blue square, and one green circle."]
@@ -276,60 +277,9 @@ def test_tiny_on_cuda_bf16_tracks_cpu_fp32(tiny):
 
 # ---------------------------------------------------------------- real Qwen-Image path (tiny random components)
 
-TEXT_DIM = 16
-Z_DIM = 4
-
-
-def _byte_level_vocab() -> dict[str, int]:
-    """GPT-2's byte -> printable-unicode table (transformers 5 no longer exports it)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {ch: i for i, ch in enumerate(chars.values())}
-
-
-def _tiny_qwen_components():
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
-
-    torch.manual_seed(0)
-    vocab = _byte_level_vocab()
-    vocab["<|endoftext|>"] = len(vocab)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, bos_token=None,
-                               eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    te_cfg = Qwen2_5_VLConfig(
-        text_config={"hidden_size": TEXT_DIM, "intermediate_size": 16, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 512, "rope_theta": 1e6,
-                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}},
-        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
-        hidden_size=TEXT_DIM, vocab_size=512, vision_end_token_id=500, vision_start_token_id=501, vision_token_id=502,
-    )
-    return dict(
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=AutoencoderKLQwenImage(base_dim=24, z_dim=Z_DIM, dim_mult=[1, 2, 4], num_res_blocks=1,
-                                   temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.3, 0.0],
-                                   latents_std=[2.0, 0.5, 1.5, 1.0]),
-        text_encoder=Qwen2_5_VLForConditionalGeneration(te_cfg).eval(),
-        tokenizer=tokenizer,
-        transformer=QwenImageTransformer2DModel(patch_size=2, in_channels=4 * Z_DIM, out_channels=Z_DIM, num_layers=2,
-                                                attention_head_dim=16, num_attention_heads=2,
-                                                joint_attention_dim=TEXT_DIM, axes_dims_rope=(8, 4, 4)),
-    )
-
-
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
-    from diffusers import QwenImagePipeline
-
-    path = tmp_path_factory.mktemp("qwen_tiny")
-    QwenImagePipeline(**_tiny_qwen_components()).save_pretrained(path)
-    return path
+    return save_tiny_qwen(tmp_path_factory.mktemp("qwen_tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -415,3 +365,71 @@ def test_qwen_missing_directory_or_subfolder(tmp_path, qwen_dir):
     with pytest.raises(FileNotFoundError, match="vae"):
         QwenImagePolicy.from_pretrained(partial)
 
+
+
+# ---------------------------------------------------------------- weight versions and policy sources
+
+
+def test_qwen_weight_version_carries_the_transformer_only_and_round_trips(qwen_dir, qwen_policy):
+    from roll_spotlight.models import QwenImagePolicy
+
+    state = qwen_policy.published_state()
+    transformer = qwen_policy.transformer.state_dict()
+    assert set(state) == {f"transformer.{k}" for k in transformer} and len(state) < len(qwen_policy.state_dict())
+    other = QwenImagePolicy.from_pretrained(qwen_dir, image_size=32)
+    moved = {k: v + 0.5 for k, v in state.items()}
+    other.load_published_state(moved)
+    assert all(torch.equal(other.transformer.state_dict()[k[len("transformer."):]], v) for k, v in moved.items())
+    vae = qwen_policy.vae.state_dict()
+    assert all(torch.equal(other.vae.state_dict()[k], v) for k, v in vae.items())  # frozen parts untouched
+    with pytest.raises(KeyError, match="missing keys"):
+        other.load_published_state(dict(list(state.items())[1:]))
+    with pytest.raises(KeyError, match="unknown keys"):
+        other.load_published_state(state | {"vae.extra": torch.zeros(1)})
+
+
+def test_tiny_weight_version_is_the_whole_state(tiny):
+    state = tiny.published_state()
+    assert set(state) == set(tiny.state_dict())
+    copy = make_tiny(seed=3)
+    copy.load_published_state(state)
+    assert all(torch.equal(copy.state_dict()[k], v) for k, v in state.items())
+
+
+def test_policy_source_and_load_policy(qwen_dir, tmp_path):
+    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.models import QwenImagePolicy
+    from roll_spotlight.models.source import load_policy, policy_source, worker_gpus
+
+    cfg = ModelConfig(preset="qwen_image", path=str(qwen_dir), image_size=32)
+    source = policy_source(cfg, None)
+    assert source == to_dict(cfg) and worker_gpus(source) == 0.0
+    assert worker_gpus(source | {"device": "cuda"}) == 1.0 and worker_gpus("base.pt") == 0.0
+    policy = load_policy(source)
+    assert isinstance(policy, QwenImagePolicy) and policy.latent_shape == (16, 16)
+    with pytest.raises(ValueError, match="model.path"):
+        load_policy(source | {"path": None})
+    with pytest.raises(ValueError, match="base checkpoint"):
+        load_policy({"preset": "tiny"})
+    with pytest.raises(ValueError, match="base checkpoint path"):
+        policy_source(ModelConfig(), None)
+    tiny = make_tiny(seed=4)
+    save_policy(tiny, tmp_path / "base.pt")
+    assert policy_source(ModelConfig(), str(tmp_path / "base.pt")) == str(tmp_path / "base.pt")
+    loaded = load_policy(str(tmp_path / "base.pt"))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in tiny.state_dict().items())
+
+
+def test_real_model_run_starts_from_its_directory_and_is_never_pretrained(qwen_dir):
+    from roll_spotlight.configuration import ConfigError, load_config
+    from roll_spotlight.models import QwenImagePolicy
+    from roll_spotlight.training.config import RunConfig
+    from roll_spotlight.training.loop import starting_policy
+    from roll_spotlight.training.pretrain import load_or_pretrain
+
+    cfg = load_config(RunConfig, "configs/tiny_shapes.yaml",
+                      ["model.preset=qwen_image", f"model.path={qwen_dir}", "model.image_size=32"])
+    policy, source = starting_policy(cfg, progress=False)
+    assert isinstance(policy, QwenImagePolicy) and source["preset"] == "qwen_image" and source["path"] == str(qwen_dir)
+    with pytest.raises(ConfigError, match="model.preset='qwen_image'"):
+        load_or_pretrain(cfg, progress=False)

@@ -112,3 +112,46 @@ def test_kill_without_notice_resumes_from_the_last_checkpoint_and_loses_at_most_
     stats = ray.get(queue.stats.remote())
     assert (stats.checkpoints, stats.worker_losses, stats.resumed_from_commit) == (3, 1, 1)  # a: 2, 4; b: 6
     pool.close(100.0)
+
+
+def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(cluster, tmp_path):
+    """A Qwen-Image-class policy source (a model section, loaded by each worker from its own disk):
+    worker a gets a notice at step 3, worker b resumes; the weight version carries the transformer
+    only, and the result equals an uninterrupted in-process run."""
+    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.models import ModelConfig, build_policy
+    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.weights import WeightStore
+    from tests.qwen_helpers import save_tiny_qwen
+
+    model = ModelConfig(preset="qwen_image", path=str(save_tiny_qwen(tmp_path / "qwen")), image_size=32)
+    trained = build_policy(model)
+    with torch_no_grad():
+        for p in trained.transformer.parameters():
+            p.add_(0.01)  # the version differs from what is on disk: workers must take it from the store
+    store = WeightStore.create(keep=1)
+    store.publish(0, trained.published_state())
+    queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
+    launcher = RayWorkerLauncher(to_dict(model), queue, store,
+                                 worker_kwargs=lambda node: {"hold_at_step": 3} if node == "z/a" else {})
+    pool = ElasticSpotPool(MarketSchedule(two_node_market(notice_s=10.0)), launcher, config=SpotPoolConfig())
+    pool.poll(0.0)
+    assert launcher.wait_ready(TIMEOUT_S)
+    spec = RequestSpec(0, 'a sign that says "spot"', 321, SCHEDULE, 0, RequestKind.ROLLOUT, 0)
+    ray.get(queue.submit.remote([spec]))
+    assert ray.get(launcher.workers["spot-z/a"].wait_held.remote(TIMEOUT_S)), "worker a never reached its step"
+    pool.poll(95.0)
+    assert launcher.wait_stopped("spot-z/a", TIMEOUT_S)["committed"] == 1
+    (completion,) = wait_for_completion(queue, pool, 95.0)
+    assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
+    ref = RolloutExecutor(trained).run(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    assert np.array_equal(completion.output.latents, ref.latents)
+    assert np.array_equal(completion.output.log_probs, ref.log_probs)
+    pool.close(100.0)
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()

@@ -127,3 +127,30 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
 
     def trainable_parameters(self) -> Iterator[torch.nn.Parameter]:
         return (p for p in self.parameters() if p.requires_grad)
+
+    #: Submodules a weight update carries; None: the whole state dict. Modules outside it are frozen
+    #: and every worker loads them itself (Qwen-Image: the VAE and text encoder, ~8B parameters that
+    #: would otherwise cross the object store with every training step).
+    published_modules: tuple[str, ...] | None = None
+
+    def published_state(self) -> dict[str, torch.Tensor]:
+        """The state a new weight version consists of (keys as in `state_dict`)."""
+        if self.published_modules is None:
+            return self.state_dict()
+        return {f"{name}.{key}": value for name in self.published_modules
+                for key, value in getattr(self, name).state_dict().items()}
+
+    def load_published_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a weight version written by `published_state`; every key it needs must be there and
+        no other key may be, so two policies of different configurations cannot silently mix."""
+        if self.published_modules is None:
+            self.load_state_dict(state)
+            return
+        expected = set(self.published_state())
+        unknown, missing = sorted(set(state) - expected), sorted(expected - set(state))
+        if unknown or missing:
+            raise KeyError(f"weight version does not match {type(self).__name__}.published_modules="
+                           f"{self.published_modules}: unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+        for name in self.published_modules:
+            prefix = f"{name}."
+            getattr(self, name).load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})

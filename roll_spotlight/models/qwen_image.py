@@ -45,7 +45,13 @@ def check_pipeline_dir(path: str | Path) -> Path:
 
 
 class QwenImagePolicy(DiTPolicy):
-    """Qwen-Image transformer + frozen VAE and text encoder; build with `from_pretrained(cfg)`."""
+    """Qwen-Image transformer + frozen VAE and text encoder; build with `from_pretrained(cfg)`.
+
+    Weight versions carry the transformer only (`published_modules`): the frozen VAE and text
+    encoder are loaded from `model.path` by every worker.
+    """
+
+    published_modules = ("transformer",)
 
     def __init__(
         self,

@@ -87,20 +87,21 @@ class SpotlightPipeline(BasePipeline):
         """The elastic pool of spot workers pulling from `queue` (runtime.spot_pool), started now.
 
         Override to supply another market, clock or worker arguments (tests do). The pool's workers
-        are the runtime's pull workers, which load the tiny base from a checkpoint file, and ask Ray
-        for one unit of ``spot_gpu`` each.
+        are the runtime's pull workers: they load the tiny base from its checkpoint file, or the real
+        model from ``model.path`` on their own node (``runtime.actors.load_policy``), take each weight
+        version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
+        when ``model.device`` is CUDA).
         """
+        from roll_spotlight.models.source import policy_source
         from roll_spotlight.runtime.spot_pool import start_training_pool
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("trainer", "rollout"))
-        return start_training_pool(cfg.spot.run_config(), self.base_path, queue, self.store, ondemand_gpus=ondemand)
+        source = policy_source(self.run_config.model, self.base_path)
+        return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
-        if self.run_config.model.preset != "tiny":
-            raise ValueError(f"spot.enabled with model.preset={self.run_config.model.preset!r}: the spot pool's "
-                             "workers load only the tiny preset so far; set spot.enabled=false")
         if cfg.spot.resource != SPOT_RESOURCE:
             raise ValueError(f"spot.resource={cfg.spot.resource!r}: the spot pool's workers ask Ray for "
                              f"{SPOT_RESOURCE!r} so far")

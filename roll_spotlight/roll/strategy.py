@@ -89,7 +89,7 @@ class DiffusersRolloutStrategy:
         if self.store is None:
             raise ValueError(f"weight version {version} requested but this rank has no weight store "
                              f"(it holds version {self.weight_version})")
-        self.policy.load_state_dict(self.store.fetch(version))
+        self.policy.load_published_state(self.store.fetch(version))
         self.executor.invalidate()
         self.weight_version = version
 
@@ -124,7 +124,7 @@ class DiffusersTrainStrategy:
 
     def publish(self) -> None:
         if self.store is not None:
-            self.store.publish(self.core.weight_version, self.core.policy.state_dict())
+            self.store.publish(self.core.weight_version, self.core.policy.published_state())
 
     def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
         """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids`: the batch."""

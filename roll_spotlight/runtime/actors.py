@@ -14,6 +14,8 @@ import time
 
 import ray
 
+from roll_spotlight.models.source import load_policy
+
 log = logging.getLogger(__name__)
 ONDEMAND, SPOT = "ondemand_gpu", "spot_gpu"
 
@@ -23,14 +25,6 @@ def _torch_setup(threads: int) -> None:
 
     if threads > 0:
         torch.set_num_threads(threads)
-
-
-def load_policy(path: str):
-    """A policy from a checkpoint written by `roll_spotlight.models.save_policy`."""
-    from roll_spotlight.models import load_tiny_policy
-
-    policy, _ = load_tiny_policy(path)
-    return policy
 
 
 @ray.remote(num_cpus=0)
@@ -52,7 +46,7 @@ class TrainerActor:
         self.events.append({"worker": "trainer", "phase": phase, "start": start, "end": time.time()})
 
     def publish(self) -> int:
-        self.store.publish(self.core.weight_version, self.core.policy.state_dict())
+        self.store.publish(self.core.weight_version, self.core.policy.published_state())
         return self.core.weight_version
 
     def train(self, outputs, prompts, group_ids, rewards) -> dict:
@@ -159,7 +153,7 @@ class RolloutWorker:
     `stop()` (or a kill), and `wait_held()` returns once it is parked.
     """
 
-    def __init__(self, name: str, policy_path: str, queue, store, *, threads: int = 1,
+    def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
                  commit_every: int = 0, kinds=None, hold_at_step: int | None = None):
         from roll_spotlight.dispatch.actor import QueueClient
         from roll_spotlight.runtime.executor import RolloutExecutor
@@ -180,7 +174,7 @@ class RolloutWorker:
 
     def _ensure_version(self, version: int) -> None:
         if version != self.version:
-            self.executor.policy.load_state_dict(self.store.fetch(version))
+            self.executor.policy.load_published_state(self.store.fetch(version))
             self.executor.invalidate()
             self.version = version
             self.counters["weight_fetches"] += 1

@@ -88,7 +88,7 @@ class LocalBackend:
 
         if self.stale is None:
             self.stale = RolloutExecutor(copy.deepcopy(self.core.policy))
-        self.stale.policy.load_state_dict(self.core.policy.state_dict())
+        self.stale.policy.load_published_state(self.core.policy.published_state())
         self.stale.invalidate()
         self.stale_version = self.core.weight_version
 

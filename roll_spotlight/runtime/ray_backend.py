@@ -37,6 +37,7 @@ import ray
 
 from roll_spotlight.configuration import to_dict
 from roll_spotlight.loopback import set_loopback_env
+from roll_spotlight.models.source import worker_gpus
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.training.config import RunConfig
 
@@ -138,10 +139,12 @@ class RayBackend:
         init_ray(self.cluster)
         if cfg.spot.enabled and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
-        data, path, threads = to_dict(cfg), str(policy_path), self.cluster.threads_per_actor
+        # a policy source (models.source): the tiny base's path, or a model section each actor loads
+        path = policy_path if isinstance(policy_path, Mapping) else str(policy_path)
+        data, threads, gpus = to_dict(cfg), self.cluster.threads_per_actor, worker_gpus(path)
         self._path = path
         self.store = WeightStore.create(keep=2)
-        self.trainer = TrainerActor.options(resources={ONDEMAND: 1}).remote(data, path, self.store, threads)
+        self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(data, path, self.store, threads)
         self.reward = RewardActor.remote(data)
         self.batch_ids = RewardBatchIds()
         self.weight_version = ray.get(self.trainer.weight_version.remote())
@@ -168,13 +171,13 @@ class RayBackend:
                                    worker_kwargs=worker_kwargs)
 
     def add_worker(self, name: str, resource: str, **kwargs):
-        worker = RolloutWorker.options(resources={resource: 1}, name=None).remote(
+        worker = RolloutWorker.options(resources={resource: 1}, num_gpus=worker_gpus(self._path), name=None).remote(
             name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor, **kwargs)
         self.workers[name] = worker
         self.serving[name] = worker.serve.remote()
         return worker
 
-    def _policy_path(self) -> str:
+    def _policy_path(self):
         return self._path
 
     def explore(self, specs) -> list:

@@ -343,9 +343,11 @@ class RayWorkerLauncher:
     """Spot ``RolloutWorker`` actors on Ray. Each asks for one unit of ``resource``; with
     ``node_affinity`` it is pinned to the node the event names (a real cluster, node ids in hex).
     ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments per node (tests inject
-    ``hold_at_step`` on one node this way)."""
+    ``hold_at_step`` on one node this way). ``policy_path`` is what workers load
+    (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
+    node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request)."""
 
-    def __init__(self, policy_path: str, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
+    def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
                  commit_every: int = 0, node_affinity: bool = False, probe_timeout_s: float = 2.0,
                  stop_timeout_s: float = 60.0,
                  worker_kwargs: Callable[[str], Mapping[str, object]] | None = None) -> None:
@@ -364,7 +366,11 @@ class RayWorkerLauncher:
     def start(self, name: str, node_id: str) -> None:
         from roll_spotlight.runtime.actors import RolloutWorker
 
+        from roll_spotlight.models.source import worker_gpus
+
         options: dict[str, object] = {"resources": {self.resource: 1}}
+        if worker_gpus(self.policy_path):
+            options["num_gpus"] = worker_gpus(self.policy_path)
         if self.node_affinity:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -731,7 +737,7 @@ def wall_clock() -> Callable[[], float]:
     return lambda: time.monotonic() - t0
 
 
-def start_training_pool(spot: SpotConfig, policy_path: str, queue, store, *, ondemand_gpus: int, threads: int = 1,
+def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
                         ready_timeout_s: float = 120.0) -> TrainingSpotPool:

@@ -54,14 +54,29 @@ def strict_scorer():
     return build_reward("shapes", mode="strict")
 
 
+def starting_policy(cfg, *, progress: bool = True):
+    """(policy, source): what a run starts from, and what its Ray workers load for it
+    (`roll_spotlight.models.source`): the cached tiny base (pretrained first when missing) and its
+    checkpoint path, or the real model loaded from `model.path` and its model section."""
+    from roll_spotlight.models.source import policy_source
+
+    if cfg.model.preset == "tiny":
+        from roll_spotlight.training.pretrain import load_or_pretrain
+
+        policy, meta = load_or_pretrain(cfg, progress=progress)
+        return policy, meta["path"]
+    from roll_spotlight.models import build_policy
+
+    return build_policy(cfg.model), policy_source(cfg.model, None)
+
+
 def run_training(cfg, run_dir: Path, *, policy=None, progress: bool = True, resume: Path | None = None):
-    """Train `policy` (default: the cached tiny base) for cfg.max_steps iterations."""
+    """Train `policy` (default: `starting_policy(cfg)`) for cfg.max_steps iterations."""
     from roll_spotlight.runtime.coordinator import Coordinator
     from roll_spotlight.runtime.local import LocalBackend
-    from roll_spotlight.training.pretrain import load_or_pretrain
 
     if policy is None:
-        policy, _ = load_or_pretrain(cfg, progress=progress)
+        policy, _ = starting_policy(cfg, progress=progress)
     coordinator = Coordinator(cfg, LocalBackend(cfg, policy), Path(run_dir), progress=progress)
     if resume is not None:
         coordinator.resume(resume)

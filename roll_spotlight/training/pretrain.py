@@ -52,8 +52,12 @@ def base_path(cfg: RunConfig) -> Path:
 
 def load_or_pretrain(cfg: RunConfig, *, progress: bool = True):
     """The cached base policy for `cfg`, pretraining it first when missing."""
+    from roll_spotlight.configuration import ConfigError
     from roll_spotlight.models import load_tiny_policy
 
+    if cfg.model.preset != "tiny":
+        raise ConfigError(f"model.preset={cfg.model.preset!r}: pretraining builds the tiny base only; "
+                          "a real model starts from its checkpoint at model.path")
     path = base_path(cfg)
     if not path.is_file():
         pretrain(cfg, path, progress=progress)
