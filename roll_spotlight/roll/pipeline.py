@@ -105,7 +105,7 @@ class SpotlightPipeline(BasePipeline):
         if cfg.spot.resource != SPOT_RESOURCE:
             raise ValueError(f"spot.resource={cfg.spot.resource!r}: the spot pool's workers ask Ray for "
                              f"{SPOT_RESOURCE!r} so far")
-        if ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:
+        if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT_RESOURCE!r}, which this cluster lacks "
                              "(spot nodes declare it; see deploy/kuberay)")
 

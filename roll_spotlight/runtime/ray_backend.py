@@ -137,7 +137,7 @@ class RayBackend:
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=2 * cfg.spot.max_workers)
         init_ray(self.cluster)
-        if cfg.spot.enabled and ray.cluster_resources().get(SPOT, 0.0) < 1:
+        if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
         # a policy source (models.source): the tiny base's path, or a model section each actor loads
         path = policy_path if isinstance(policy_path, Mapping) else str(policy_path)

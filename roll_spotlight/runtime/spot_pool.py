@@ -484,6 +484,11 @@ def is_spot_node(node: Mapping) -> bool:
     return float((node.get("Resources") or {}).get(SPOT_RESOURCE, 0.0)) > 0
 
 
+def has_spot_resource(node: Mapping) -> bool:
+    """A ``ray.nodes()`` entry that can host a spot worker: it declares ``SPOT_RESOURCE``."""
+    return float((node.get("Resources") or {}).get(SPOT_RESOURCE, 0.0)) > 0
+
+
 @dataclass
 class _Watched:
     zone: str
@@ -615,7 +620,12 @@ def training_market(spot: SpotConfig, trace: Trace | None = None) -> SpotMarket:
 
 def training_prices(spot: SpotConfig, trace: Trace) -> PriceTable:
     """The trace's price table (``gpu_type``'s defaults when set), with the config's overrides."""
-    table = default_prices(spot.gpu_type) if spot.gpu_type else prices_for_trace(trace)
+    return _with_config_prices(spot, default_prices(spot.gpu_type) if spot.gpu_type else prices_for_trace(trace))
+
+
+def _with_config_prices(spot: SpotConfig, table: PriceTable) -> PriceTable:
+    """``table`` with ``spot.ondemand_usd_per_gpu_hour`` / ``spot_usd_per_gpu_hour`` replacing its
+    prices of that kind (every zone)."""
     prices = dict(table.prices)
     for kind, key in (("ondemand", "ondemand_usd_per_gpu_hour"), ("spot", "spot_usd_per_gpu_hour")):
         value = getattr(spot, key)
@@ -744,7 +754,12 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
-    failure injection); by default the market comes from ``spot`` and the clock is the wall."""
+    failure injection); by default the market comes from ``spot`` and the clock is the wall.
+    With ``spot.source: cluster`` the pool follows the Ray cluster's own spot nodes instead (see
+    ``start_cluster_pool``)."""
+    if spot.source == "cluster" and market is None:
+        return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
+                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
@@ -759,3 +774,31 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
     # a test's fake clock advances per poll, so only the wall clock gets the background poller
     return TrainingSpotPool(pool, ledger, clock or wall_clock(), ondemand_gpus,
                             background_poll_s=None if clock is not None else BACKGROUND_POLL_S)
+
+
+def cluster_prices(spot: SpotConfig) -> PriceTable:
+    """Prices of a live cluster's GPUs: ``gpu_type``'s defaults with the config's overrides."""
+    return _with_config_prices(spot, default_prices(spot.gpu_type))
+
+
+def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
+                       source: EventSource | None = None,
+                       worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
+                       ready_timeout_s: float = 120.0) -> TrainingSpotPool:
+    """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
+    ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
+    for) into events; each such node gets one worker pinned to it (node affinity); a preemption
+    drain with its deadline is the notice. Billing is in wall seconds at ``cluster_prices``.
+    ``source`` replaces the watcher (tests)."""
+    ledger = CostLedger(cluster_prices(spot))
+    launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
+                                 node_affinity=True, worker_kwargs=worker_kwargs)
+    pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
+                           SpotPoolConfig(bill_scale=1.0))
+    pool.poll(0.0)
+    if not launcher.wait_ready(ready_timeout_s):
+        log.warning("spot workers on the cluster's spot nodes were not ready after %.0f s; training goes on",
+                    ready_timeout_s)
+    log.info("spot pool: following the Ray cluster's spot nodes, %d worker(s) now", pool.serving)
+    return TrainingSpotPool(pool, ledger, wall_clock(), ondemand_gpus, background_poll_s=BACKGROUND_POLL_S)
+

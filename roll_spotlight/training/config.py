@@ -168,9 +168,16 @@ class SpotConfig:
     bounding what a kill without notice loses. Prices (USD per GPU-hour) default to the trace's GPU
     (`gpu_type` overrides it); `ondemand_usd_per_gpu_hour` / `spot_usd_per_gpu_hour` override the
     table. `zones` restricts a multi-zone trace; `victims` is the market's rule for count traces.
+
+    `source` says where spot nodes come from: "market" (the replay above, on the cluster's
+    `spot_gpu` resource) or "cluster" (a real cluster: every Ray node that is spot by label or
+    resource gets one worker pinned to it, and a preemption drain is the notice; `gpu_type` then
+    names the GPUs for the cost ledger, and the market keys `trace`, `compression`, `start_s`,
+    `victims`, `zones` do not apply).
     """
 
     enabled: bool = False
+    source: Literal["market", "cluster"] = "market"
     trace: str | None = None
     max_workers: int = 2
     compression: float = 30.0
@@ -197,6 +204,12 @@ class SpotConfig:
                  "must be 'newest_first' or 'seeded_random'")
         _require(self.zones is None or len(self.zones) > 0, "spot.zones", self.zones, "must be null (all) or non-empty")
         _require(self.trace is None or bool(self.trace), "spot.trace", self.trace, "must be null or a path")
+        _require(self.source in ("market", "cluster"), "spot.source", self.source, "must be 'market' or 'cluster'")
+        if self.source == "cluster":
+            _require(self.trace is None, "spot.trace", self.trace,
+                     "must be null with spot.source=cluster (the cluster's own spot nodes are followed)")
+            _require(self.gpu_type is not None, "spot.gpu_type", self.gpu_type,
+                     "must name the GPUs with spot.source=cluster (prices for the cost ledger)")
         for key in ("ondemand_usd_per_gpu_hour", "spot_usd_per_gpu_hour"):
             value = getattr(self, key)
             _require(value is None or (math.isfinite(value) and value >= 0), f"spot.{key}", value,
