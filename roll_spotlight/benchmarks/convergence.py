@@ -233,9 +233,7 @@ def _child_env() -> dict[str, str]:
 def _pretrain_bases(cfg: ConvergenceConfig) -> None:
     """Pretrain (or find cached) each distinct base once, before runs start in parallel.
 
-    Pretraining runs alone, so it gets every core (measured: 0.85 s/step with 2 threads against
-    1.9 s/step with one, batch 32): on a fresh machine this is the suite's longest step after the
-    training runs themselves.
+    Pretraining runs alone, so it gets every core (the training runs after it take one each).
     """
     threads = str(max(1, os.cpu_count() or 1))
     env = {**_child_env(), "SPOTLIGHT_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
