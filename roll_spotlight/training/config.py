@@ -91,6 +91,7 @@ class GRPOConfig:
     inner_epochs: int = 1
     trainable: Literal["all", "transformer", "prompt_encoder"] = "all"
     drop_zero_std: bool = True
+    ema_decay: float = 0.0      # > 0: validate (and deliver) a moving average of the weights
 
     def __post_init__(self) -> None:
         _require(self.group_size >= 2, "train.group_size", self.group_size,
@@ -102,6 +103,7 @@ class GRPOConfig:
         _require(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "must be > 0")
         _require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "must be >= 1")
         _require(self.inner_epochs >= 1, "train.inner_epochs", self.inner_epochs, "must be >= 1")
+        _require(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1) (0 = off)")
 
 
 @dataclass
