@@ -172,3 +172,19 @@ def test_merge_intervals_joins_touching_spans_and_clips():
                 ("g0", 3.0, 9.0, "rollout"), ("g1", 7.0, 8.0, "idle")]
     merged = merge_intervals(timeline, horizon=5.0)
     assert merged == {"g0": {"rollout": [(0.0, 2.0), (3.0, 2.0)], "train": [(2.0, 1.0)]}}
+
+
+def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
+    """Each run gets what is left of the convergence budget; past the deadline a run is not started."""
+    import time
+
+    from roll_spotlight.benchmarks import convergence
+
+    seen = []
+    monkeypatch.setattr(convergence, "run_with_timeout",
+                        lambda cmd, timeout_s, env=None: (seen.append(timeout_s), ("finished", 0.1, None))[1])
+    cfg = convergence.ConvergenceConfig(seeds=(0,), budget_s=100.0)
+    live = convergence._run_subprocess(cfg, "vanilla", 0, tmp_path, time.monotonic() + 50.0)
+    assert live.status == "finished" and 49.0 < seen[0] <= 50.0
+    late = convergence._run_subprocess(cfg, "fresh", 0, tmp_path, time.monotonic() - 1.0)
+    assert late.status == "stopped" and late.curve == [] and len(seen) == 1

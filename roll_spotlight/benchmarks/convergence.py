@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import statistics
@@ -58,16 +57,19 @@ _STOP_GRACE_S = 15.0
 class ConvergenceConfig:
     """How the suite runs the convergence benchmark.
 
-    ``budget_s`` is the wall time of the training runs (the cached base model is pretrained first,
-    outside it); runs go ``parallel`` at a time, each stopped after
-    ``budget_s / ceil(runs / parallel)``. ``isolate=False`` runs in this process with no timeout
-    (CI smoke sizes only). ``target``: the validation reward to reach; None = vanilla's final
-    validation reward (mean over seeds), see :func:`choose_target`.
+    Every run goes to the same iteration horizon (the config's ``max_steps``, e.g. an override):
+    iterations to the target are what is compared, and on one CPU an exploring setting spends more
+    wall time per iteration than it would with spot GPUs beside it, so a per-run wall-clock share
+    would give it fewer iterations. ``budget_s`` is a deadline for all training runs together
+    (the cached base model is pretrained first, outside it): runs go ``parallel`` at a time, and a
+    run still going at the deadline is stopped (its curve is kept and censored). ``isolate=False``
+    runs in this process with no deadline (CI smoke sizes only). ``target``: the validation reward
+    to reach; None = vanilla's final validation reward (mean over seeds), see :func:`choose_target`.
     """
 
     settings: tuple[str, ...] = tuple(SETTINGS)
     seeds: tuple[int, ...] = (0,)
-    budget_s: float = 1800.0
+    budget_s: float = 2400.0
     parallel: int = 2
     overrides: tuple[str, ...] = ()
     isolate: bool = True
@@ -90,9 +92,6 @@ class ConvergenceConfig:
         """Seed-major order, so a budget cut loses whole seeds rather than whole settings."""
         return [(name, seed) for seed in self.seeds for name in self.settings]
 
-    def per_run_timeout_s(self) -> float:
-        waves = math.ceil(len(self.runs) / self.parallel)
-        return self.budget_s / waves
 
 
 @dataclass
@@ -208,15 +207,15 @@ def run_convergence(cfg: ConvergenceConfig, out_dir: Path) -> dict:
     t0 = time.monotonic()
     if cfg.isolate:
         _pretrain_bases(cfg)
+        deadline = time.monotonic() + cfg.budget_s
         with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
-            records = list(pool.map(lambda job: _run_subprocess(cfg, *job, out_dir), cfg.runs))
+            records = list(pool.map(lambda job: _run_subprocess(cfg, *job, out_dir, deadline), cfg.runs))
     else:
         records = [_run_inprocess(cfg, name, seed, out_dir) for name, seed in cfg.runs]
     target, rule = choose_target(records, cfg.target)
     return {"kind": "measured", "wall_s": time.monotonic() - t0,
             "budget": {"budget_s": cfg.budget_s, "parallel": cfg.parallel, "isolate": cfg.isolate,
-                       "per_run_timeout_s": cfg.per_run_timeout_s() if cfg.isolate else None,
-                       "overrides": list(cfg.overrides)},
+                       "deadline": cfg.isolate, "overrides": list(cfg.overrides)},
             "summary": summarize(records, target, rule),
             "runs": [asdict(r) | {"horizon": r.horizon} for r in records]}
 
@@ -243,13 +242,17 @@ def _pretrain_bases(cfg: ConvergenceConfig) -> None:
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def _run_subprocess(cfg: ConvergenceConfig, setting: str, seed: int, out_dir: Path) -> RunRecord:
+def _run_subprocess(cfg: ConvergenceConfig, setting: str, seed: int, out_dir: Path, deadline: float) -> RunRecord:
     config, overrides = _config_args(cfg, setting, seed)
     run_dir = out_dir / f"{setting}-seed{seed}"
     _clear_metrics(run_dir)
+    left_s = deadline - time.monotonic()
+    if left_s < 1.0:
+        log.info("convergence %s seed %d: not started, the budget's deadline has passed", setting, seed)
+        return _record(setting, seed, run_dir, "stopped", 0.0, None)
     cmd = [sys.executable, "-m", "roll_spotlight.cli", "train", "--config", str(config), "--run-dir", str(run_dir),
            "--threads", "1", "--no-progress", *[a for o in overrides for a in ("-o", o)]]
-    status, wall_s, error = run_with_timeout(cmd, cfg.per_run_timeout_s(), _child_env())
+    status, wall_s, error = run_with_timeout(cmd, left_s, _child_env())
     return _record(setting, seed, run_dir, status, wall_s, error)
 
 

@@ -10,10 +10,11 @@ Order (one table of contents, :func:`run_suite`):
    ``benchmarks/convergence.py`` via ``--convergence-json``);
 4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
 
-Budget of the full run on a fresh 2-core machine (under 60 min, measured in the report's stage
-table): virtual environment ~4 min (``make bench``), base pretraining ~9 min (both cores), planner
-~1 min, regroup ~3 min, queue ~1 min, simulator ~4 min, convergence ``--convergence-budget-min``
-(default 30: 3 settings x 3 seeds, two runs at a time), report < 1 min. ``--smoke`` shrinks
+Budget of the full run on a fresh 2-core machine (under 60 min; the report's stage table has the
+measured minutes): virtual environment ~2 min (``make bench``), base pretraining ~4 min (both
+cores), planner, regroup, queue and simulator ~3 min together, convergence
+``--convergence-budget-min`` (default 40, a deadline: 3 settings x 3 seeds x 10 iterations, two
+runs at a time), report < 1 min. ``--smoke`` shrinks
 everything to CI size (< 60 s) and skips the two Ray benchmarks.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ HEADLINE_TRACE = ("bamboo-spot-traces/aws/p3-trace.csv", None)
 EXTRA_TRACES = (("skynomad-gcp-h100/h100_probe_counts_wide.csv", "us-central1-b"),)
 SMOKE_SIM_COST = {"prompts_per_iteration": 4, "group_size": 4}
 FULL_CONVERGENCE_SEEDS = (0, 1, 2)
-FULL_CONVERGENCE_OVERRIDES = ("eval_steps=5",)
+FULL_CONVERGENCE_OVERRIDES = ("max_steps=10", "eval_steps=5")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class SuiteConfig:
     extra_traces: tuple[tuple[str, str | None], ...] = EXTRA_TRACES
     sim_cost: Mapping[str, Any] = field(default_factory=dict)
     timeline_iterations: int = 3
-    # three training seeds per setting (what issue-level claims need), evaluated every 5 iterations
+    # three training seeds per setting, 10 iterations each (the same horizon for every setting), evaluated every 5
     convergence: ConvergenceConfig = field(default_factory=lambda: ConvergenceConfig(
         seeds=FULL_CONVERGENCE_SEEDS, overrides=FULL_CONVERGENCE_OVERRIDES))
     convergence_json: Path | None = None
@@ -285,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ondemand", type=int, default=None, help="simulated on-demand GPUs (default 8)")
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
     p.add_argument("--convergence-budget-min", type=float, default=None,
-                   help="wall minutes for the convergence training runs (default 30)")
+                   help="deadline in minutes for all convergence training runs (default 40)")
     p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
     p.add_argument("--convergence-parallel", type=int, default=None, help="runs at once (default: min(2, cores))")
     p.add_argument("--convergence-override", "-o", action="append", default=[], metavar="KEY=VALUE",
