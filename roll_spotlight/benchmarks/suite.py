@@ -11,7 +11,7 @@ Order (one table of contents, :func:`run_suite`):
 4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
 
 Budget of the full run on a fresh 2-core machine (under 60 min; the report's stage table has the
-measured minutes): virtual environment ~2 min (``make bench``), base pretraining ~4 min (both
+measured minutes): virtual environment ~2 min (``make bench``), base pretraining ~6 min (both
 cores), planner, regroup, queue and simulator ~3 min together, convergence
 ``--convergence-budget-min`` (default 40, a deadline: 3 settings x 3 seeds x 10 iterations, two
 runs at a time), report < 1 min. ``--smoke`` shrinks
