@@ -118,6 +118,8 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     """A Qwen-Image-class policy source (a model section, loaded by each worker from its own disk):
     worker a gets a notice at step 3, worker b resumes; the weight version carries the transformer
     only, and the result equals an uninterrupted in-process run."""
+    import torch
+
     from roll_spotlight.configuration import to_dict
     from roll_spotlight.dispatch.actor import create_queue_actor
     from roll_spotlight.models import ModelConfig, build_policy
@@ -127,7 +129,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
 
     model = ModelConfig(preset="qwen_image", path=str(save_tiny_qwen(tmp_path / "qwen")), image_size=32)
     trained = build_policy(model)
-    with torch_no_grad():
+    with torch.no_grad():
         for p in trained.transformer.parameters():
             p.add_(0.01)  # the version differs from what is on disk: workers must take it from the store
     store = WeightStore.create(keep=1)
@@ -149,9 +151,3 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     assert np.array_equal(completion.output.latents, ref.latents)
     assert np.array_equal(completion.output.log_probs, ref.log_probs)
     pool.close(100.0)
-
-
-def torch_no_grad():
-    import torch
-
-    return torch.no_grad()

@@ -194,14 +194,9 @@ def _convergence_section(result, figs) -> str:
              f"Source: {conv.get('source', 'this run')}. Target rule: {summary.get('target_rule')}. Base model "
              f"validation reward: {_f(summary.get('base_val_reward'))}."]
     if budget:
-        if budget.get("deadline"):
-            limit = (f"{budget.get('parallel')} at a time, every run to the same iteration horizon, all stopped "
-                     f"at a {budget.get('budget_s', 0) / 60:.0f}-minute deadline")
-        elif budget.get("per_run_timeout_s"):  # results saved before the deadline rule
-            limit = (f"{budget.get('parallel')} at a time, each stopped after "
-                     f"{budget['per_run_timeout_s'] / 60:.1f} min of {budget.get('budget_s', 0) / 60:.0f}")
-        else:
-            limit = "in process, no time limit"
+        limit = (f"{budget.get('parallel')} at a time, every run to the same iteration horizon, all stopped "
+                 f"at a {budget.get('budget_s', 0) / 60:.0f}-minute deadline" if budget.get("deadline")
+                 else "in process, no time limit")
         lines.append(f"Training runs: {limit}; overrides {budget.get('overrides') or 'none'}. A run stopped before "
                      "reaching the target gives only a lower bound.")
     lines += ["", "| setting | runs | reached | iterations to target per run | horizon per run | median | kind |",

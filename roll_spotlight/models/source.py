@@ -41,5 +41,7 @@ def policy_source(model_cfg, base_path: str | None):
 def worker_gpus(source) -> float:
     """GPUs a worker loading `source` asks Ray for besides its pool resource: one when the model
     section puts it on CUDA (Ray hides GPUs from actors that do not ask for any)."""
-    device = source.get("device", "cpu") if isinstance(source, dict) else "cpu"
+    from collections.abc import Mapping
+
+    device = source.get("device", "cpu") if isinstance(source, Mapping) else "cpu"
     return 1.0 if str(device).startswith("cuda") else 0.0

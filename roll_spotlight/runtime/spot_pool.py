@@ -364,13 +364,10 @@ class RayWorkerLauncher:
         self.finished: dict[str, dict] = {}  # name -> counters of a serve() that returned
 
     def start(self, name: str, node_id: str) -> None:
+        from roll_spotlight.models.source import worker_gpus
         from roll_spotlight.runtime.actors import RolloutWorker
 
-        from roll_spotlight.models.source import worker_gpus
-
-        options: dict[str, object] = {"resources": {self.resource: 1}}
-        if worker_gpus(self.policy_path):
-            options["num_gpus"] = worker_gpus(self.policy_path)
+        options: dict[str, object] = {"resources": {self.resource: 1}, "num_gpus": worker_gpus(self.policy_path)}
         if self.node_affinity:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -481,7 +478,7 @@ def is_spot_node(node: Mapping) -> bool:
         return True
     if str(labels.get(SPOT_LABEL, "")).lower() in _TRUE:
         return True
-    return float((node.get("Resources") or {}).get(SPOT_RESOURCE, 0.0)) > 0
+    return has_spot_resource(node)
 
 
 def has_spot_resource(node: Mapping) -> bool:

@@ -6,7 +6,6 @@ request-id order, so the update does not depend on which worker produced what.
 """
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 from roll_spotlight.flow_grpo import sigma_schedule
 from roll_spotlight.runtime.executor import stack_outputs
 from roll_spotlight.training.config import RunConfig
+from roll_spotlight.training.averaging import WeightAverage
 from roll_spotlight.training.evaluate import Evaluation, evaluate
 from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
 
@@ -74,49 +74,3 @@ class TrainerCore:
     def load(self, path: Path) -> None:
         self.load_state_dict(torch.load(path, weights_only=True))
 
-
-class WeightAverage:
-    """Exponential moving average of the trainable parameters over training steps, decay
-    min(decay, (1 + n) / (10 + n)) at update n (the usual warm-up, so the first steps are not
-    dominated by the starting weights). Flow-GRPO evaluates such an average: single policy-gradient
-    steps carry much noise, which the average cancels while it keeps their common drift."""
-
-    def __init__(self, policy, decay: float) -> None:
-        if not 0 < decay < 1:
-            raise ValueError(f"train.ema_decay must be in (0, 1) for a weight average, got {decay!r}")
-        self.decay, self.updates = decay, 0
-        self.params = {name: p.detach().clone() for name, p in policy.named_parameters() if p.requires_grad}
-
-    @torch.no_grad()
-    def update(self, policy) -> None:
-        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for name, p in policy.named_parameters():
-            if name in self.params:
-                self.params[name].lerp_(p.detach(), 1.0 - d)
-        self.updates += 1
-
-    @contextlib.contextmanager
-    def swapped_into(self, policy):
-        """The average in `policy`'s parameters for the duration; the live weights come back after."""
-        live = {name: p.detach().clone() for name, p in policy.named_parameters() if name in self.params}
-        with torch.no_grad():
-            for name, p in policy.named_parameters():
-                if name in self.params:
-                    p.copy_(self.params[name])
-        try:
-            yield policy
-        finally:
-            with torch.no_grad():
-                for name, p in policy.named_parameters():
-                    if name in live:
-                        p.copy_(live[name])
-
-    def state_dict(self) -> dict:
-        return {"updates": self.updates, "params": dict(self.params)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if set(state["params"]) != set(self.params):
-            raise KeyError("weight average does not match the policy's trainable parameters")
-        self.updates = int(state["updates"])
-        for name, value in state["params"].items():
-            self.params[name].copy_(value)

@@ -172,7 +172,7 @@ class SpotConfig:
     table. `zones` restricts a multi-zone trace; `victims` is the market's rule for count traces.
 
     `source` says where spot nodes come from: "market" (the replay above, on the cluster's
-    `spot_gpu` resource) or "cluster" (a real cluster: every Ray node that is spot by label or
+    `spot_gpu` resource) or "cluster" (a real cluster: every Ray node that declares the `spot_gpu`
     resource gets one worker pinned to it, and a preemption drain is the notice; `gpu_type` then
     names the GPUs for the cost ledger, and the market keys `trace`, `compression`, `start_s`,
     `victims`, `zones` do not apply).

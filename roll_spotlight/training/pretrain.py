@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from roll_spotlight.configuration import to_dict
+from roll_spotlight.training.averaging import lerp_average
 from roll_spotlight.training.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -113,13 +114,9 @@ def pretrain(cfg: RunConfig, path: Path, *, progress: bool = True) -> dict:
     return meta
 
 
-@torch.no_grad()
 def _update_average(averaged, policy, decay: float, step: int) -> None:
-    """Exponential moving average of the weights, with the usual warm-up of the decay
-    (min(decay, (1 + step) / (10 + step))) so early steps are not dominated by the random init."""
-    d = min(decay, (1 + step) / (10 + step))
-    for avg, live in zip(averaged.parameters(), policy.parameters()):
-        avg.lerp_(live, 1.0 - d)
+    """One step of the weight average of pretraining (`training.averaging.lerp_average`)."""
+    lerp_average(averaged.parameters(), policy.parameters(), decay, step)
 
 
 def _pretrain_step(policy, opt, pool, rng, cfg: RunConfig, step: int) -> float:
