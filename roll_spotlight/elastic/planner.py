@@ -18,7 +18,8 @@ The objective, in priority order:
 3. **Intra-node preference.** Among such plans, groups should span as few nodes as possible. The
    planner tries up to ``_PAIRING_CAP`` survivor-keeping pairings; for each it fills the slots
    (own nodes first, then best-fit) and runs a local search of member exchanges between two groups
-   that cut node spans without losing kept survivors; the plan with the fewest spans wins. This
+   that cut node spans without losing kept survivors; the plan with the fewest spans wins, and a
+   few span-neutral exchanges then let it leave a plateau if that cuts spans further. This
    matches a brute-force optimum on every small case the tests draw; for large clusters it is a
    heuristic, not a proof.
 
@@ -40,6 +41,7 @@ Member = tuple[str, int]
 
 _SWAP_CAP = 256  # most member exchanges tried per (group pair, node, size)
 _PAIRING_CAP = 64  # most survivor-keeping pairings compared for locality
+_PLATEAU_CAP = 16  # most span-neutral exchanges in a row while searching for a better plan
 
 __all__ = [
     "Member",
@@ -331,42 +333,90 @@ def _swap_candidates(a: list[Member], b: list[Member]) -> Iterator[tuple[list[Me
                     yield list(out_a), list(out_b)
 
 
-def _try_exchange(a: _Slot, b: _Slot) -> bool:
-    """Apply the first exchange between ``a`` and ``b`` that cuts node spans and keeps as many
-    survivors with their matched old group (the two may trade old groups); say whether one was
-    applied."""
-    spans_before = _spans(a.members) + _spans(b.members)
+def _exchanges(a: _Slot, b: _Slot) -> Iterator[tuple[int, list[Member], list[Member], bool]]:
+    """Exchanges between ``a`` and ``b`` that keep as many survivors with their matched old group
+    (the two may trade old groups), as (span change, new a, new b, whether origins trade)."""
     kept_before = a.kept + b.kept
+    count_a = Counter(node for node, _ in a.members)
+    count_b = Counter(node for node, _ in b.members)
     for out_a, out_b in _swap_candidates(a.members, b.members):
+        # Span change from node counts alone (cheap); lists are built only for candidates.
+        node, k = out_a[0][0], len(out_a)  # out_a lies on one node, out_b on others
+        leaving: dict[str, int] = {}
+        for other, _ in out_b:
+            leaving[other] = leaving.get(other, 0) + 1
+        delta = ((count_b[node] == 0) - (count_a[node] == k)
+                 + sum((count_a[n] == 0) - (count_b[n] == c) for n, c in leaving.items()))
+        if delta > 0:
+            continue
         new_a = [m for m in a.members if m not in out_a] + out_b
         new_b = [m for m in b.members if m not in out_b] + out_a
-        if _spans(new_a) + _spans(new_b) >= spans_before:
-            continue
         same = len(a.origin.intersection(new_a)) + len(b.origin.intersection(new_b))
         crossed = len(b.origin.intersection(new_a)) + len(a.origin.intersection(new_b))
         if max(same, crossed) < kept_before:
             continue
-        a.members, b.members = new_a, new_b
-        if crossed > same:
-            a.origin, b.origin = b.origin, a.origin
-        return True
-    return False
+        yield delta, new_a, new_b, crossed > same
 
 
-def _improve_locality(slots: list[_Slot]) -> list[_Slot]:
-    """Local search over pairwise exchanges (see :func:`_try_exchange`) until none applies.
+def _total_spans(slots: list[_Slot]) -> int:
+    return sum(_spans(s.members) for s in slots)
 
-    The kept count under the current matching of new to old groups never drops (only the two
-    exchanging groups may trade matches), so the moves never grow.
+
+def _signature(slots: list[_Slot]) -> frozenset[frozenset[Member]]:
+    return frozenset(frozenset(s.members) for s in slots)
+
+
+def _next_exchange(slots: list[_Slot], seen: set | None):
+    """The first exchange that cuts node spans; with ``seen``, else the first that keeps them
+    and leads to a partition not in ``seen`` (a plateau step)."""
+    pairs = [(i, j) for i in range(len(slots)) if _spans(slots[i].members) > 1
+             for j in range(len(slots)) if j != i]
+    for i, j in pairs:
+        for delta, new_a, new_b, trade in _exchanges(slots[i], slots[j]):
+            if delta < 0:
+                return i, j, new_a, new_b, trade
+    if seen is None:
+        return None
+    for i, j in pairs:
+        for _, new_a, new_b, trade in _exchanges(slots[i], slots[j]):
+            trial = _signature([*(s for k, s in enumerate(slots) if k not in (i, j)),
+                                _Slot(new_a, frozenset()), _Slot(new_b, frozenset())])
+            if trial not in seen:
+                return i, j, new_a, new_b, trade
+    return None
+
+
+def _improve_locality(slots: list[_Slot], plateau_cap: int = 0) -> list[_Slot]:
+    """Local search over pairwise exchanges (see :func:`_exchanges`).
+
+    Span-cutting exchanges first; when none is left, up to ``plateau_cap`` exchanges that keep
+    the span count and reach a partition not visited before (some optima need a neutral exchange
+    first, e.g. freeing a member so that it can join a spare GPU of its own node). The best
+    partition seen is returned. Every exchange keeps the kept-survivor count under the current
+    matching of new to old groups (only the two exchanging groups may trade matches), so the
+    moves never grow.
     """
-    improved = True
-    while improved:
-        improved = any(
-            _try_exchange(slots[i], slots[j])
-            for i in range(len(slots)) if _spans(slots[i].members) > 1
-            for j in range(len(slots)) if j != i
-        )
-    return slots
+    def snapshot() -> list[_Slot]:
+        return [_Slot(list(s.members), s.origin) for s in slots]
+
+    best, best_spans = snapshot(), _total_spans(slots)
+    seen = {_signature(slots)}
+    plateau = 0
+    while plateau <= plateau_cap:
+        step = _next_exchange(slots, seen if plateau < plateau_cap else None)
+        if step is None:
+            break
+        i, j, new_a, new_b, trade = step
+        slots[i].members, slots[j].members = new_a, new_b
+        if trade:
+            slots[i].origin, slots[j].origin = slots[j].origin, slots[i].origin
+        seen.add(_signature(slots))
+        spans = _total_spans(slots)
+        if spans < best_spans:
+            best, best_spans, plateau = snapshot(), spans, 0
+        else:
+            plateau += 1
+    return best
 
 
 def _group(members: Iterable[Member]) -> SPGroup:
@@ -387,9 +437,15 @@ def plan_groups(
     members = _live_members(live)
     sizes = degree_profile(len(members), valid_degrees(num_heads, preferred_degree, num_tokens))
     fragments = _fragments(previous, set(members))
-    pairings = islice(_kept_optimal_pairings(fragments, sizes), _PAIRING_CAP)
-    candidates = (_improve_locality(_build(members, sizes, fragments, p)) for p in pairings)
-    slots = min(candidates, key=lambda slots: sum(_spans(s.members) for s in slots))
+    best: list[_Slot] | None = None
+    for pairing in islice(_kept_optimal_pairings(fragments, sizes), _PAIRING_CAP):
+        slots = _improve_locality(_build(members, sizes, fragments, pairing))
+        if best is None or _total_spans(slots) < _total_spans(best):
+            best = slots
+        if _total_spans(best) == len(best):
+            break  # every group inside one node: nothing left to gain
+    assert best is not None
+    slots = _improve_locality(best, plateau_cap=_PLATEAU_CAP)
     groups = tuple(sorted((_group(s.members) for s in slots), key=lambda g: (-g.degree, g.members)))
     if previous is not None and set(groups) == set(previous.groups):
         return previous
