@@ -31,7 +31,9 @@ from roll_spotlight.elastic.transfer import (
     load_numpy_state,
     load_weights_file,
     numpy_state,
+    own_weights,
     save_weights_file,
+    share_numpy_state,
     weights_checksum,
 )
 
@@ -72,6 +74,38 @@ def test_numpy_state_round_trip_into_differently_initialised_model() -> None:
         array.setflags(write=False)  # as mapped from the object store
     load_numpy_state(target, arrays)
     assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+
+
+def test_shared_state_is_used_in_place_and_owned_again_on_demand() -> None:
+    source, target = SPEC.build(), dataclasses.replace(SPEC, init_seed=5).build()
+    arrays = numpy_state(source)
+    originals = {k: v.copy() for k, v in arrays.items()}
+    for array in arrays.values():
+        array.setflags(write=False)  # as mapped from the object store
+    share_numpy_state(target, arrays)
+    assert all(t.data_ptr() == arrays[k].ctypes.data for k, t in target.state_dict().items()), "views, not copies"
+    assert weights_checksum(target) == weights_checksum(source)
+    own_weights(target)
+    assert all(t.data_ptr() != arrays[k].ctypes.data for k, t in target.state_dict().items())
+    assert weights_checksum(target) == weights_checksum(source)
+    with torch.no_grad():
+        for tensor in target.state_dict().values():
+            tensor.add_(1.0)  # private memory now: the shared arrays must not change
+    assert all(np.array_equal(arrays[k], originals[k]) for k in arrays)
+
+
+def test_share_rejects_wrong_keys_shapes_and_leaves_the_model_untouched() -> None:
+    target = SPEC.build()
+    before = weights_checksum(target)
+    arrays = numpy_state(dataclasses.replace(SPEC, init_seed=5).build())
+    key = next(iter(arrays))
+    with pytest.raises(ValueError, match="state keys differ"):
+        share_numpy_state(target, {k: v for k, v in arrays.items() if k != key})
+    last = sorted(arrays)[-1]
+    bad = dict(arrays, **{last: arrays[last].astype(np.float64)})
+    with pytest.raises(ValueError, match=last.replace(".", r"\.")):
+        share_numpy_state(target, bad)
+    assert weights_checksum(target) == before
 
 
 def test_numpy_state_with_wrong_keys_is_rejected() -> None:

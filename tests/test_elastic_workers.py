@@ -45,7 +45,7 @@ def _kill_at(step: int, controller: ElasticController, victims: slice):
 
 @pytest.fixture(scope="module")
 def story():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", object_store_memory=160 << 20)
     try:
         yield _run_story()
     finally:
@@ -69,6 +69,16 @@ def _run_story() -> dict:
     notice = lambda at, group: controller.notify_preemption([("a", 1)]) if at == 3 else None  # noqa: E731
     out["noticed"] = controller.run_rollout(request, step_hook=notice)
     out["plan_after_notice"] = controller.plan
+    # The newcomer's weights are views of a:0's published object. Kill a:0 (its owner), churn the
+    # object store so freed memory would be reused, and the newcomer must still hold those weights.
+    ray.kill(pool[0])
+    controller.remove([("a", 0)])
+    controller.regroup()
+    for i in range(6):  # 64 MB each in a 160 MB store: freed memory is handed out again
+        ref = ray.put(np.full(16 << 20, i, dtype=np.float32))
+        del ref
+    out["checksum_after_owner_died"] = ray.get(newcomer.checksum.remote())
+    out["alone"] = controller.run_rollout(request)
     out["reference"] = denoise(SPEC.build(), request, start_state(request), request.num_steps)
     return out
 
@@ -101,6 +111,7 @@ def test_newcomer_copies_weights_from_a_same_node_peer(story) -> None:
     before, peer = story["checksums_before"]
     assert before != peer, "the newcomer starts with other weights"
     assert story["checksum_after"] == peer
+    assert story["checksum_after_owner_died"] == peer, "shared weights outlive the peer that published them"
     groups = {g.members for g in story["plan_after_admit"].groups}
     assert groups == {(("a", 0), ("a", 1)), (("a", 4),)}, "3 GPUs with 4 heads: degrees 2 + 1, survivors kept"
 
@@ -114,3 +125,11 @@ def test_preemption_notice_drains_at_the_boundary_and_the_newcomer_takes_over(st
     diff = _max_diff(run, story["uninterrupted"])
     print(f"rollout finished on the newcomer's copied weights vs uninterrupted: max abs diff {diff:.3e}")
     assert diff < 1e-6
+
+
+def test_newcomer_on_shared_weights_runs_alone_after_the_publishing_peer_died(story) -> None:
+    run = story["alone"]
+    assert run.degrees == [1] * 6 and not run.lost
+    diff = _max_diff(run, story["uninterrupted"])
+    print(f"degree-1 rollout on weights shared from a dead peer vs uninterrupted: max abs diff {diff:.3e}")
+    assert diff < 1e-5

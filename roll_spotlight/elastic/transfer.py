@@ -8,7 +8,9 @@ exists. :func:`choose_source` is the pure policy; the rest are torch helpers the
 Mechanisms, chosen by :func:`choose_method`:
 
 - ``OBJECT_STORE`` (CPU): the peer ``ray.put``s its state dict as numpy arrays once per weight
-  version; a newcomer on the same node maps it zero-copy and copies into its parameters.
+  version; a newcomer on the same node maps it from shared memory and adopts the arrays as its
+  parameters without copying them (:func:`share_numpy_state`), so every worker of a node that
+  took that version reads one copy of the weights.
 - ``COLLECTIVE`` (CUDA available): peer and newcomer join a two-member NCCL group under a fresh
   generation prefix and the peer broadcasts every tensor device to device.
 - ``FILE``: ``load_file`` of the safetensors checkpoint.
@@ -39,7 +41,9 @@ __all__ = [
     "load_numpy_state",
     "load_weights_file",
     "numpy_state",
+    "own_weights",
     "save_weights_file",
+    "share_numpy_state",
     "weights_checksum",
 ]
 
@@ -103,6 +107,54 @@ def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) ->
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for key, tensor in own.items():
             tensor.copy_(torch.from_numpy(np.asarray(state[key])))
+
+
+def _state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors behind ``state_dict()`` keys (parameters and persistent buffers), by key."""
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        for name, param in module.named_parameters(recurse=False):
+            tensors[dot + name] = param
+        for name, buf in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set:
+                tensors[dot + name] = buf
+    return tensors
+
+
+@torch.no_grad()
+def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    """Make the model's parameters and buffers *views* of ``state`` (no copy).
+
+    Meant for read-only shared memory (a Ray object mapped from the node's store): the model
+    then only reads them, and the object stays pinned while the views exist. Anything that
+    would write the weights in place must call :func:`own_weights` first. CPU models only.
+    """
+    own = _state_tensors(model)
+    if set(own) != set(state):
+        raise ValueError(f"state keys differ: missing {sorted(set(own) - set(state))[:3]}, "
+                         f"unexpected {sorted(set(state) - set(own))[:3]}")
+    views = {}
+    with warnings.catch_warnings():
+        # Shared-memory arrays are read-only; the model only reads them (see own_weights).
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for key, tensor in own.items():
+            if tensor.device.type != "cpu":
+                raise ValueError(f"share_numpy_state needs a CPU model; {key} is on {tensor.device}")
+            view = torch.from_numpy(np.asarray(state[key]))
+            if view.shape != tensor.shape or view.dtype != tensor.dtype:
+                raise ValueError(f"{key}: got {view.dtype} {tuple(view.shape)}, "
+                                 f"the model has {tensor.dtype} {tuple(tensor.shape)}")
+            views[key] = view
+    for key, tensor in own.items():  # all checked first: a mismatch leaves the model untouched
+        tensor.data = views[key]
+
+
+@torch.no_grad()
+def own_weights(model: torch.nn.Module) -> None:
+    """Give the model private, writable copies of tensors that :func:`share_numpy_state` shared."""
+    for tensor in _state_tensors(model).values():
+        tensor.data = tensor.data.clone()
 
 
 def save_weights_file(model: torch.nn.Module, path: Path) -> Path:

@@ -28,10 +28,11 @@ from roll_spotlight.elastic.planner import Member
 from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise
 from roll_spotlight.elastic.transfer import (
     broadcast_weights,
-    load_numpy_state,
     load_weights_file,
     numpy_state,
+    own_weights,
     save_weights_file,
+    share_numpy_state,
     weights_checksum,
 )
 from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
@@ -91,6 +92,7 @@ class SPWorker:
         self.group: dist.ProcessGroup | None = None
         self._stores: dict[tuple[str, int], dist.TCPStore] = {}
         self._published: Any = None
+        self._shared_weights = False  # True while the weights are views of a peer's published object
 
     # identity and liveness
     def member(self) -> Member:
@@ -144,11 +146,21 @@ class SPWorker:
         self._published = None
 
     def load_weights_from_object(self, boxed_ref: list) -> float:
+        """Adopt a same-node peer's published weights: mapped from the node's shared memory,
+        used in place (no copy; the object stays pinned while this worker holds it)."""
         import ray
 
         start = time.perf_counter()
-        load_numpy_state(self.model, ray.get(boxed_ref[0]))
+        share_numpy_state(self.model, ray.get(boxed_ref[0]))
+        self._shared_weights = True
+        self._published = None  # the peer owns that object; this worker publishes its own when asked
         return time.perf_counter() - start
+
+    def _own_weights(self) -> None:
+        """Before any in-place write: shared weights are read-only memory of the object store."""
+        if self._shared_weights:
+            own_weights(self.model)
+            self._shared_weights = False
 
     def save_weights(self, path: str) -> str:
         return str(save_weights_file(self.model, Path(path)))
@@ -159,12 +171,17 @@ class SPWorker:
 
     def load_weights_from_file(self, path: str) -> float:
         start = time.perf_counter()
+        self._own_weights()
+        self._published = None
         load_weights_file(self.model, Path(path))
         return time.perf_counter() - start
 
     def broadcast_weights(self, host: str, port: int, prefix: str, rank: int, timeout_s: float) -> float:
         """Two-member transfer group: rank 0 (the peer) sends, rank 1 (the newcomer) receives."""
         start = time.perf_counter()
+        if rank != 0:
+            self._own_weights()
+            self._published = None
         store = self._store(host, port, timeout_s)
         group = make_process_group(store, prefix, rank, 2, backend=self.backend, timeout_s=timeout_s)
         broadcast_weights(self.model, group, src=0)
