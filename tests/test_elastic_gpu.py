@@ -19,6 +19,7 @@ if not torch.cuda.is_available():  # skip before importing diffusers-backed modu
     pytest.skip("CUDA is not available", allow_module_level=True)
 
 from roll_spotlight.elastic.comm import make_process_group  # noqa: E402
+from roll_spotlight.elastic.rendezvous import RendezvousHost  # noqa: E402
 from roll_spotlight.elastic.model_spec import QwenModelSpec  # noqa: E402
 from roll_spotlight.elastic.rollout import RolloutRequest, denoise, start_state  # noqa: E402
 from roll_spotlight.elastic.transfer import broadcast_weights, weights_checksum  # noqa: E402
@@ -107,8 +108,8 @@ def test_worker_selects_cuda_and_nccl_and_denoises() -> None:
 
     worker = SPWorker(WorkerConfig(gpu=0, model=SPEC))
     assert worker.device.type == "cuda" and worker.backend == "nccl"
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    worker.join_group("127.0.0.1", store.port, "gen0/sp0", 0, 1, 30.0)
+    host = RendezvousHost("127.0.0.1")
+    worker.join_group(host.address, "gen0/sp0", 0, 1, 30.0)
     rng = np.random.default_rng(0)
     request = RolloutRequest("g", 5, rng.standard_normal((8, 64)).astype(np.float32), np.ones(8), (8, 8), 64, 3)
     state = worker.denoise(request, start_state(request), request.num_steps)

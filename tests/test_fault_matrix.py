@@ -413,7 +413,7 @@ def _sp_worker_class():
 
         die_in: tuple[str, int] | None = None  # (method, generation of join_group / any)
 
-        def join_group(self, host, port, prefix, rank, size, timeout_s):
+        def join_group(self, rendezvous, prefix, rank, size, timeout_s):
             if self.die_in is not None and self.die_in[0] == "join_group" and prefix.startswith(f"gen{self.die_in[1]}"):
                 raise _Died()
             self.group = (prefix, rank, size)

@@ -33,17 +33,25 @@ def generation_prefix(generation: int, name: str) -> str:
 
 
 def make_process_group(
-    store: dist.Store, prefix: str, rank: int, size: int, *, backend: str, timeout_s: float = 30.0
+    store: dist.Store, prefix: str, rank: int, size: int, *, backend: str, timeout_s: float = 30.0,
+    loopback: bool = False,
 ) -> dist.ProcessGroup:
     """Build a raw process group of ``size`` members under ``prefix``; blocks until all joined.
 
     ``backend`` is ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors, one device per process).
+    ``loopback``: all members are on this host; gloo listens on 127.0.0.1 only (by default it
+    binds to the address the host name resolves to).
     """
     if not 0 <= rank < size:
         raise ValueError(f"rank={rank} must be in [0, size={size})")
     scoped = dist.PrefixStore(prefix, store)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(scoped, rank, size, timedelta(seconds=timeout_s))
+        if not loopback:
+            return dist.ProcessGroupGloo(scoped, rank, size, timedelta(seconds=timeout_s))
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._timeout = timedelta(seconds=timeout_s)
+        return dist.ProcessGroupGloo(scoped, rank, size, options)
     if backend == "nccl":
         nccl = getattr(dist, "ProcessGroupNCCL", None)
         if nccl is None:

@@ -5,7 +5,8 @@ Why the controller drives: gloo survivors notice a dead peer only when a collect
 sockets), and ``new_group`` among survivors can hang. The controller (the Ray driver) sees
 ``RayActorError``/``ActorDiedError`` or a preemption notice, computes the next plan with the pure
 planner, and tells exactly the members of changed groups to build raw process groups under a fresh
-``gen{n}/sp{i}`` prefix of its TCPStore. Rollouts advance in step chunks; the state committed at
+``gen{n}/sp{i}`` prefix of its rendezvous store (a file store on one host, a TCPStore across
+hosts: see rendezvous.py). Rollouts advance in step chunks; the state committed at
 each boundary (step index + full latent) is what a re-formed group resumes from.
 
 Generations are the controller's, not the planner's: every formation *attempt* takes the next
@@ -30,11 +31,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import ray
-import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from roll_spotlight.elastic.comm import generation_prefix
 from roll_spotlight.elastic.planner import Member, Plan, SPGroup, moves, plan_groups
+from roll_spotlight.elastic.rendezvous import RendezvousHost
 from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, start_state
 from roll_spotlight.elastic.transfer import TransferMethod, TransferPlan, choose_method, choose_source
 
@@ -118,7 +119,7 @@ class ElasticController:
 
     def __init__(self, config: ElasticConfig) -> None:
         self.config = config
-        self.store = dist.TCPStore(config.store_host, 0, is_master=True, wait_for_workers=False)
+        self.rendezvous = RendezvousHost(config.store_host)
         self.plan: Plan | None = None
         self.last_regroup: RegroupReport | None = None
         self.handles: dict[Member, Any] = {}
@@ -211,7 +212,7 @@ class ElasticController:
             boxed = ray.get(peer.publish_weights.remote())
             return ray.get(newcomer.load_weights_from_object.remote(boxed))
         prefix = f"xfer{next(self._transfer_ids)}"
-        args = (self.config.store_host, self.store.port, prefix)
+        args = (self.rendezvous.address, prefix)
         timeout = self.config.pg_timeout_s
         _, seconds = ray.get([peer.broadcast_weights.remote(*args, 0, timeout),
                               newcomer.broadcast_weights.remote(*args, 1, timeout)])
@@ -256,7 +257,7 @@ class ElasticController:
             prefix = generation_prefix(new.generation, f"sp{index}")
             for rank, member in enumerate(group.members):
                 calls.append((member, self.handles[member].join_group.remote(
-                    self.config.store_host, self.store.port, prefix, rank, group.degree, self.config.pg_timeout_s)))
+                    self.rendezvous.address, prefix, rank, group.degree, self.config.pg_timeout_s)))
         self._gather(calls)
         return len({g for g in new.groups if g not in kept})
 

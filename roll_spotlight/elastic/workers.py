@@ -25,6 +25,7 @@ import torch.distributed as dist
 from roll_spotlight.elastic.comm import make_process_group
 from roll_spotlight.elastic.model_spec import QwenModelSpec
 from roll_spotlight.elastic.planner import Member
+from roll_spotlight.elastic.rendezvous import Rendezvous
 from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise
 from roll_spotlight.elastic.transfer import (
     broadcast_weights,
@@ -90,7 +91,7 @@ class SPWorker:
         else:
             self.model = config.model.build(self.device)
         self.group: dist.ProcessGroup | None = None
-        self._stores: dict[tuple[str, int], dist.TCPStore] = {}
+        self._stores: dict[Rendezvous, dist.Store] = {}
         self._published: Any = None
         self._shared_weights = False  # True while the weights are views of a peer's published object
 
@@ -105,19 +106,19 @@ class SPWorker:
         return self.device.type == "cuda"
 
     # groups
-    def _store(self, host: str, port: int, timeout_s: float) -> dist.TCPStore:
-        key = (host, port)
-        if key not in self._stores:
-            self._stores[key] = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-        return self._stores[key]
+    def _store(self, rendezvous: Rendezvous, timeout_s: float) -> dist.Store:
+        if rendezvous not in self._stores:
+            self._stores[rendezvous] = rendezvous.connect(timeout_s)
+        return self._stores[rendezvous]
 
-    def join_group(self, host: str, port: int, prefix: str, rank: int, size: int, timeout_s: float) -> float:
+    def join_group(self, rendezvous: Rendezvous, prefix: str, rank: int, size: int, timeout_s: float) -> float:
         """Build the group ``prefix`` (blocks until all ``size`` members joined) and install Ulysses
         over it; returns the seconds spent."""
         start = time.perf_counter()
         self.leave_group()
-        store = self._store(host, port, timeout_s)
-        self.group = make_process_group(store, prefix, rank, size, backend=self.backend, timeout_s=timeout_s)
+        store = self._store(rendezvous, timeout_s)
+        self.group = make_process_group(store, prefix, rank, size, backend=self.backend, timeout_s=timeout_s,
+                                        loopback=rendezvous.loopback)
         apply_ulysses(self.model, self.group)
         return time.perf_counter() - start
 
@@ -176,14 +177,15 @@ class SPWorker:
         load_weights_file(self.model, Path(path))
         return time.perf_counter() - start
 
-    def broadcast_weights(self, host: str, port: int, prefix: str, rank: int, timeout_s: float) -> float:
+    def broadcast_weights(self, rendezvous: Rendezvous, prefix: str, rank: int, timeout_s: float) -> float:
         """Two-member transfer group: rank 0 (the peer) sends, rank 1 (the newcomer) receives."""
         start = time.perf_counter()
         if rank != 0:
             self._own_weights()
             self._published = None
-        store = self._store(host, port, timeout_s)
-        group = make_process_group(store, prefix, rank, 2, backend=self.backend, timeout_s=timeout_s)
+        store = self._store(rendezvous, timeout_s)
+        group = make_process_group(store, prefix, rank, 2, backend=self.backend, timeout_s=timeout_s,
+                                   loopback=rendezvous.loopback)
         broadcast_weights(self.model, group, src=0)
         return time.perf_counter() - start
 
