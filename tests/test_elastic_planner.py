@@ -216,3 +216,22 @@ def test_moves_matches_brute_force_matching(old_order, new_order, old_sizes, new
         return _plan(*groups)
     old, new = split(old_order, old_sizes), split(new_order, new_sizes)
     assert moves(old, new) == _brute_force_moves(old, new)
+
+
+def test_large_cluster_plan_is_valid_deterministic_and_keeps_most_survivors() -> None:
+    """512 GPUs: the locality search stops at its work cap; the plan must still be complete,
+    valid, move-optimal and the same on every call."""
+    import random
+
+    rng = random.Random(0)
+    full = {f"n{i:02d}": list(range(8)) for i in range(64)}
+    previous = plan_groups(full, num_heads=24, preferred_degree=8)
+    live = {n: [g for g in gpus if rng.random() > 0.2] + ([9] if rng.random() < 0.3 else []) for n, gpus in full.items()}
+    plan = plan_groups(live, num_heads=24, preferred_degree=8, previous=previous)
+    again = plan_groups(live, num_heads=24, preferred_degree=8, previous=previous)
+    assert plan == again
+    in_groups = sorted(m for g in plan.groups for m in g.members)
+    assert in_groups == sorted(_members(live))
+    sizes = degree_profile(len(in_groups), valid_degrees(24, 8))
+    assert sorted((g.degree for g in plan.groups), reverse=True) == list(sizes)
+    assert moves(previous, plan) == len(in_groups) - _kept_bound(previous, live, sizes)
