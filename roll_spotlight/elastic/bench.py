@@ -4,10 +4,11 @@ What is measured, side by side in one run, medians over ``repeats``:
 
 - **warm**: a degree-2 group of persistent workers loses one member (killed). Timed from the
   controller dropping the dead member to the end of one denoising step: a standby newcomer on the
-  same node copies the weights from the surviving peer through the Ray object store (the peer
-  published them once per weight version, off the critical path; that publish is timed apart as
-  ``publish_s``), the survivors and the newcomer build a fresh gloo group under a new generation
-  prefix, and the group runs one step of the rollout. The standby is a started process with its
+  same node takes the weights of the surviving peer from the Ray object store, mapped from shared
+  memory and used in place (the peer published them once per weight version, off the critical
+  path; that publish is timed apart as ``publish_s``), the survivors and the newcomer build a
+  fresh gloo group under a new generation prefix (file-store rendezvous), and the group runs one
+  step of the rollout. The standby is a started process with its
   imports done and random weights, as on a node whose worker is kept alive.
 - **cold**: the group restarts from nothing: two new actor processes, ``import`` of torch and
   diffusers, ``from_pretrained`` of the weights from disk, group formation, one step. Ray may
