@@ -132,3 +132,14 @@ def test_ulysses_over_two_gpus_equals_one_gpu() -> None:
 def test_device_to_device_broadcast_copies_peer_weights() -> None:
     checksums = _run_spawned(_broadcast_rank, 2)
     assert checksums[0] == checksums[1] == pytest.approx(weights_checksum(SPEC.build()), rel=1e-9)
+
+
+def test_worker_on_cuda_copies_object_store_weights_to_the_device() -> None:
+    from roll_spotlight.elastic.transfer import numpy_state
+    from roll_spotlight.elastic.workers import SPWorker, WorkerConfig
+
+    worker = SPWorker(WorkerConfig(gpu=0, model=SPEC))
+    peer = dataclasses.replace(SPEC, init_seed=5).build()
+    worker.adopt_weights(numpy_state(peer))
+    assert all(t.is_cuda for t in worker.model.state_dict().values())
+    assert abs(worker.checksum() - weights_checksum(peer)) < 1e-3

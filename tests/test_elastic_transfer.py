@@ -213,3 +213,23 @@ def test_worker_lifecycle_rejects_skipped_states() -> None:
     controller = ElasticController(ElasticConfig(num_heads=4, preferred_degree=2))
     with pytest.raises(AssertionError, match="None -> WorkerState.DRAINING"):
         controller.notify_preemption([("a", 0)])
+
+
+def test_worker_adopts_shared_weights_and_owns_them_before_a_file_load(tmp_path) -> None:
+    """In-process SPWorker (no Ray): adopting is zero-copy; a later in-place load (from a file)
+    writes private memory, never the shared arrays."""
+    from roll_spotlight.elastic.workers import SPWorker, WorkerConfig
+
+    worker = SPWorker(WorkerConfig(gpu=0, model=SPEC, node="a", device="cpu"))
+    peer = dataclasses.replace(SPEC, init_seed=5).build()
+    arrays = numpy_state(peer)
+    originals = {k: v.copy() for k, v in arrays.items()}
+    for array in arrays.values():
+        array.setflags(write=False)
+    worker.adopt_weights(arrays)
+    assert all(t.data_ptr() == arrays[k].ctypes.data for k, t in worker.model.state_dict().items())
+    assert worker.checksum() == weights_checksum(peer)
+    other = dataclasses.replace(SPEC, init_seed=9).build()
+    worker.load_weights_from_file(str(save_weights_file(other, tmp_path / "w.safetensors")))
+    assert worker.checksum() == weights_checksum(other)
+    assert all(np.array_equal(arrays[k], originals[k]) for k in arrays), "shared arrays untouched"

@@ -29,6 +29,7 @@ from roll_spotlight.elastic.rendezvous import Rendezvous
 from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise
 from roll_spotlight.elastic.transfer import (
     broadcast_weights,
+    load_numpy_state,
     load_weights_file,
     numpy_state,
     own_weights,
@@ -147,15 +148,24 @@ class SPWorker:
         self._published = None
 
     def load_weights_from_object(self, boxed_ref: list) -> float:
-        """Adopt a same-node peer's published weights: mapped from the node's shared memory,
-        used in place (no copy; the object stays pinned while this worker holds it)."""
+        """Take a same-node peer's published weights (see :meth:`adopt_weights`)."""
         import ray
 
         start = time.perf_counter()
-        share_numpy_state(self.model, ray.get(boxed_ref[0]))
-        self._shared_weights = True
-        self._published = None  # the peer owns that object; this worker publishes its own when asked
+        self.adopt_weights(ray.get(boxed_ref[0]))
         return time.perf_counter() - start
+
+    def adopt_weights(self, state: dict) -> None:
+        """On CPU, use the (shared-memory, read-only) arrays in place: no copy, and the object
+        stays pinned while this worker holds it. On a GPU (``transfer_method: object_store``
+        forced), copy them into the device tensors."""
+        self._published = None  # the peer owns that object; this worker publishes its own when asked
+        if self.device.type != "cpu":
+            self._own_weights()
+            load_numpy_state(self.model, state)
+            return
+        share_numpy_state(self.model, state)
+        self._shared_weights = True
 
     def _own_weights(self) -> None:
         """Before any in-place write: shared weights are read-only memory of the object store."""
