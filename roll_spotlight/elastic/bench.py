@@ -103,6 +103,7 @@ def _cold_once(spec: QwenModelSpec, pretrained: str, request: RolloutRequest) ->
     total = time.perf_counter() - start
     for worker in workers:
         ray.kill(worker)
+    controller.close()
     return {"total_s": total, "latent": result.state.latent}
 
 
@@ -144,6 +145,7 @@ def _bench(repeats: int, spec: QwenModelSpec) -> dict[str, Any]:
             _publish_all(controller)  # steady state: peers hold the current version
         for member in controller.active():
             ray.kill(controller.handles[member])
+        controller.close()
         cold = [_cold_once(spec, pretrained, request) for _ in range(repeats)]
         reference = denoise(QwenModelSpec.load(pretrained), request, _one_step_state(request), request.num_steps)
     return _summary(spec, request, warm, cold, reference, publish_s)

@@ -127,6 +127,10 @@ class ElasticController:
         self._transfer_ids = count()
         self._generations = count()  # one per formation attempt, failed ones included
 
+    def close(self) -> None:
+        """Remove the rendezvous (its directory on one host); also done when garbage-collected."""
+        self.rendezvous.close()
+
     # lifecycle
     def _set_state(self, member: Member, new: WorkerState) -> None:
         old = self.states.get(member)
