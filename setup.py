@@ -50,6 +50,12 @@ setup(
         "numpy>=1.24",
         "pillow>=9.0",
         "tqdm>=4.60",
+        # user commands, not just tests: `spotlight quickstart`/`report` plot with matplotlib,
+        # `spotlight soak` samples memory with psutil, the real Qwen-Image path's text encoder
+        # comes from transformers
+        "matplotlib>=3.7",
+        "psutil>=5.9",
+        "transformers>=4.51",
     ],
     extras_require={
         "ocr": ["rapidocr-onnxruntime>=1.3"],
@@ -61,12 +67,9 @@ setup(
             "pytest>=7.4",
             "pytest-mock>=3.10",
             "hypothesis>=6.80",
-            "transformers>=4.51",
             "accelerate>=0.30",
-            "matplotlib>=3.7",
             "tensorboard>=2.14",
             "scipy>=1.10",
-            "psutil>=5.9",
         ],
     },
     entry_points=ENTRY_POINTS,

@@ -151,3 +151,19 @@ def test_builtin_tables_point_at_existing_modules():
         for name, target in plugins.builtins(group).items():
             module = target.partition(":")[0]
             assert _module_file_exists(module), f"{group} {name}: {target}"
+
+
+def _setup_install_requires() -> list[str]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "install_requires":
+            return [ast.literal_eval(elt) for elt in node.value.elts]
+    raise AssertionError("setup.py has no install_requires")
+
+
+def test_packages_of_user_commands_are_install_requirements_not_dev_extras() -> None:
+    """`make quickstart` installs only the `ocr` extra: what `spotlight quickstart`/`report`
+    (matplotlib), `spotlight soak` (psutil) and the real-model path (transformers) import must
+    come with the package itself."""
+    names = {req.split(">")[0].split("=")[0].split("<")[0].strip() for req in _setup_install_requires()}
+    assert {"matplotlib", "psutil", "transformers"} <= names, names
