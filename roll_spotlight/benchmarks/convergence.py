@@ -93,7 +93,6 @@ class ConvergenceConfig:
         return [(name, seed) for seed in self.seeds for name in self.settings]
 
 
-
 @dataclass
 class RunRecord:
     """One training run as measured: its validation curve and how it ended."""

@@ -396,8 +396,8 @@ def _next_exchange(slots: list[_Slot], seen: set | None, budget: _Budget):
         return None
     for i, j in pairs:
         for _, new_a, new_b, trade in _exchanges(slots[i], slots[j], budget):
-            trial = _signature([*(s for k, s in enumerate(slots) if k not in (i, j)),
-                                _Slot(new_a, frozenset()), _Slot(new_b, frozenset())])
+            trial = frozenset([*(frozenset(s.members) for k, s in enumerate(slots) if k not in (i, j)),
+                               frozenset(new_a), frozenset(new_b)])
             if trial not in seen:
                 return i, j, new_a, new_b, trade
     return None

@@ -66,17 +66,17 @@ class RendezvousHost:
     """The controller's side: owns the store (and its directory, removed on :meth:`close`)."""
 
     def __init__(self, store_host: str) -> None:
-        self._dir: str | None = None
+        self._cleanup: weakref.finalize | None = None
         if is_loopback(store_host):
-            self._dir = tempfile.mkdtemp(prefix="spotlight-rdzv-")  # mode 0700
-            path = str(Path(self._dir) / "store")
+            directory = tempfile.mkdtemp(prefix="spotlight-rdzv-")  # mode 0700
+            path = str(Path(directory) / "store")
             self.store: dist.Store = dist.FileStore(path, -1)
             self.address = Rendezvous("file", path=path)
-            self._cleanup = weakref.finalize(self, shutil.rmtree, self._dir, True)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, directory, True)
         else:
             self.store = dist.TCPStore(store_host, 0, is_master=True, wait_for_workers=False)
             self.address = Rendezvous("tcp", host=store_host, port=self.store.port)
-            self._cleanup = weakref.finalize(self, lambda: None)
 
     def close(self) -> None:
-        self._cleanup()
+        if self._cleanup is not None:
+            self._cleanup()

@@ -95,31 +95,22 @@ def numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
+def _check_keys(own: Mapping[str, torch.Tensor], state: Mapping[str, np.ndarray]) -> None:
+    if set(own) != set(state):
+        raise ValueError(f"state keys differ: missing {sorted(set(own) - set(state))[:3]}, "
+                         f"unexpected {sorted(set(state) - set(own))[:3]}")
+
+
 @torch.no_grad()
 def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
     """Copy arrays (possibly read-only shared memory) into the model's own tensors."""
     own = model.state_dict()
-    if set(own) != set(state):
-        raise ValueError(f"state keys differ: missing {sorted(set(own) - set(state))[:3]}, "
-                         f"unexpected {sorted(set(state) - set(own))[:3]}")
+    _check_keys(own, state)
     with warnings.catch_warnings():
         # Shared-memory arrays are read-only; they are only read here, so torch's warning is moot.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for key, tensor in own.items():
             tensor.copy_(torch.from_numpy(np.asarray(state[key])))
-
-
-def _state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors behind ``state_dict()`` keys (parameters and persistent buffers), by key."""
-    tensors: dict[str, torch.Tensor] = {}
-    for prefix, module in model.named_modules():
-        dot = f"{prefix}." if prefix else ""
-        for name, param in module.named_parameters(recurse=False):
-            tensors[dot + name] = param
-        for name, buf in module.named_buffers(recurse=False):
-            if name not in module._non_persistent_buffers_set:
-                tensors[dot + name] = buf
-    return tensors
 
 
 @torch.no_grad()
@@ -130,10 +121,8 @@ def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -
     then only reads them, and the object stays pinned while the views exist. Anything that
     would write the weights in place must call :func:`own_weights` first. CPU models only.
     """
-    own = _state_tensors(model)
-    if set(own) != set(state):
-        raise ValueError(f"state keys differ: missing {sorted(set(own) - set(state))[:3]}, "
-                         f"unexpected {sorted(set(state) - set(own))[:3]}")
+    own = model.state_dict(keep_vars=True)  # the parameters and persistent buffers themselves
+    _check_keys(own, state)
     views = {}
     with warnings.catch_warnings():
         # Shared-memory arrays are read-only; the model only reads them (see own_weights).
@@ -153,7 +142,7 @@ def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -
 @torch.no_grad()
 def own_weights(model: torch.nn.Module) -> None:
     """Give the model private, writable copies of tensors that :func:`share_numpy_state` shared."""
-    for tensor in _state_tensors(model).values():
+    for tensor in model.state_dict(keep_vars=True).values():
         tensor.data = tensor.data.clone()
 
 

@@ -15,7 +15,6 @@ import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +158,18 @@ class SPWorker:
         """On CPU, use the (shared-memory, read-only) arrays in place: no copy, and the object
         stays pinned while this worker holds it. On a GPU (``transfer_method: object_store``
         forced), copy them into the device tensors."""
-        self._published = None  # the peer owns that object; this worker publishes its own when asked
         if self.device.type != "cpu":
-            self._own_weights()
+            self._before_weight_change()
             load_numpy_state(self.model, state)
             return
-        share_numpy_state(self.model, state)
+        self._published = None  # the peer owns that object; this worker publishes its own when asked
+        share_numpy_state(self.model, state)  # replaces views, writes nothing: no private copy first
         self._shared_weights = True
 
-    def _own_weights(self) -> None:
-        """Before any in-place write: shared weights are read-only memory of the object store."""
+    def _before_weight_change(self) -> None:
+        """Before new weights arrive: the published object no longer matches, and shared weights
+        (read-only memory of the object store) become private copies that may be written."""
+        self._published = None
         if self._shared_weights:
             own_weights(self.model)
             self._shared_weights = False
@@ -182,8 +183,7 @@ class SPWorker:
 
     def load_weights_from_file(self, path: str) -> float:
         start = time.perf_counter()
-        self._own_weights()
-        self._published = None
+        self._before_weight_change()
         load_weights_file(self.model, Path(path))
         return time.perf_counter() - start
 
@@ -191,8 +191,7 @@ class SPWorker:
         """Two-member transfer group: rank 0 (the peer) sends, rank 1 (the newcomer) receives."""
         start = time.perf_counter()
         if rank != 0:
-            self._own_weights()
-            self._published = None
+            self._before_weight_change()
         store = self._store(rendezvous, timeout_s)
         group = make_process_group(store, prefix, rank, 2, backend=self.backend, timeout_s=timeout_s,
                                    loopback=rendezvous.loopback)

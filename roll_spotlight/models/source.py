@@ -4,6 +4,8 @@ model that every worker loads from its own disk. Weight versions then come from 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 def load_policy(source):
     """The policy a worker starts from. `source` is either the path of a checkpoint written by
@@ -41,7 +43,5 @@ def policy_source(model_cfg, base_path: str | None):
 def worker_gpus(source) -> float:
     """GPUs a worker loading `source` asks Ray for besides its pool resource: one when the model
     section puts it on CUDA (Ray hides GPUs from actors that do not ask for any)."""
-    from collections.abc import Mapping
-
     device = source.get("device", "cpu") if isinstance(source, Mapping) else "cpu"
     return 1.0 if str(device).startswith("cuda") else 0.0
