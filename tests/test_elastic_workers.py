@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from roll_spotlight.elastic.controller import ElasticConfig, ElasticController  # noqa: E402
+from roll_spotlight.elastic.controller import ElasticConfig, ElasticController, WorkerState  # noqa: E402
 from roll_spotlight.elastic.model_spec import QwenModelSpec  # noqa: E402
 from roll_spotlight.elastic.rollout import RolloutRequest, denoise, start_state  # noqa: E402
 from roll_spotlight.elastic.transfer import TransferPlan, TransferSource  # noqa: E402
@@ -62,6 +62,8 @@ def _run_story() -> dict:
     out["uninterrupted"] = controller.run_rollout(request)
     out["killed"] = controller.run_rollout(request, step_hook=_kill_at(2, controller, slice(2, 4)))
     out["checksums_before"] = ray.get([newcomer.checksum.remote(), pool[0].checksum.remote()])
+    out["standby"] = controller.standby([newcomer])  # known (and store-connected) before it is needed
+    out["standby_state"] = controller.states[("a", 4)]
     out["admit"] = controller.admit([newcomer])
     out["checksum_after"] = ray.get(newcomer.checksum.remote())
     out["plan_after_admit"] = controller.plan
@@ -107,6 +109,8 @@ def test_losing_two_of_four_continues_at_degree_two_with_the_same_latent(story) 
 
 
 def test_newcomer_copies_weights_from_a_same_node_peer(story) -> None:
+    assert story["standby"] == [("a", 4)] and story["standby_state"] is WorkerState.STANDBY
+    assert story["controller"].states[("a", 4)] is WorkerState.ACTIVE
     assert story["admit"] == {("a", 4): TransferPlan(TransferSource.SAME_NODE_PEER, "a:0")}
     before, peer = story["checksums_before"]
     assert before != peer, "the newcomer starts with other weights"

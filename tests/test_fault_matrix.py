@@ -358,7 +358,9 @@ class _Died(Exception):
 @dataclass
 class _Ref:
     """A call dispatched to a fake actor; it runs when `ray.get` resolves it (so a worker killed
-    between dispatch and get fails that call, as a real actor death does)."""
+    between dispatch and get fails that call, as a real actor death does). Arguments that are
+    calls themselves are resolved first, as Ray resolves top-level ObjectRef arguments; their
+    failure is the call's failure."""
 
     box: object
     method: str
@@ -368,10 +370,11 @@ class _Ref:
     def resolve(self):
         from ray.exceptions import ActorDiedError
 
+        args = [a.resolve() if isinstance(a, _Ref) else a for a in self.args]
         if not self.box.alive:
             raise ActorDiedError()
         try:
-            return getattr(self.box.worker, self.method)(*self.args, **self.kwargs)
+            return getattr(self.box.worker, self.method)(*args, **self.kwargs)
         except _Died:
             self.box.alive = False
             raise ActorDiedError() from None
@@ -527,6 +530,29 @@ def test_row_preemption_of_the_only_holder_of_a_weight_version(monkeypatch, elas
     assert controller.active() == [("a", 1)] and not handles[0].alive
     report = controller.run_rollout(elastic["request"])
     assert np.array_equal(report.state.latent, elastic["reference"].latent)
+
+
+def test_row_standby_worker_dies_before_it_is_admitted(monkeypatch, elastic):
+    """A standby (known, weightless) worker dies while kept for recovery: admitting it finds it
+    dead, marks it GONE and leaves the running groups as they were."""
+    import dataclasses as dc
+
+    from roll_spotlight.elastic.controller import WorkerState
+    from roll_spotlight.elastic.workers import WorkerConfig
+
+    controller, handles = _controller(monkeypatch, elastic, 2)
+    controller.regroup()
+    plan = controller.plan
+    standby = _Handle(elastic["cls"](WorkerConfig(gpu=2, model=dc.replace(elastic["spec"], init_seed=3), node="a")))
+    assert controller.standby([standby]) == [("a", 2)]
+    assert controller.states[("a", 2)] is WorkerState.STANDBY and controller.active() == [("a", 0), ("a", 1)]
+    standby.alive = False
+    assert controller.admit([standby]) == {}
+    assert controller.states[("a", 2)] is WorkerState.GONE
+    assert controller.plan is plan, "nothing changed: no regroup"
+    same_gpu = _Handle(elastic["cls"](WorkerConfig(gpu=2, model=elastic["spec"], node="a")))
+    with pytest.raises(ValueError, match=r"cannot admit \('a', 2\): it was removed"):
+        controller.admit([same_gpu])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def _warm_once(controller, spec: QwenModelSpec, gpu: int, request: RolloutReques
     import ray
 
     standby = _worker(replace(spec, init_seed=1000 + gpu), gpu)
-    ray.get(standby.ping.remote())  # started and imported: outside the timing
+    controller.standby([standby])  # started, imported and known to the controller: outside the timing
     victim = controller.active()[-1]
     ray.kill(controller.handles[victim])
     start = time.perf_counter()

@@ -15,9 +15,16 @@ number, so a retry after a member died mid-formation never reuses the failed att
 
 Worker lifecycle (transitions only in :meth:`ElasticController._set_state`)::
 
-    admit --> JOINING --weights loaded--> ACTIVE --preemption notice--> DRAINING
-                 |                          |                              |
-                 +--------- died ---------> GONE <---- drained/died -------+
+    standby --> STANDBY ---------+
+                                 | admit
+    admit -----------------------+--> JOINING --weights loaded--> ACTIVE --preemption notice--> DRAINING
+                                        |                          |                              |
+                                        +--------- died ---------> GONE <---- drained/died -------+
+
+(a STANDBY worker found dead goes to GONE too.)
+
+A standby worker is a started process the controller already knows (node, GPU, device): admitting
+it costs no identity queries on the recovery path, only its weights and the regroup.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ StepHook = Callable[[int, SPGroup], None]
 
 
 class WorkerState(enum.Enum):
+    STANDBY = "standby"
     JOINING = "joining"
     ACTIVE = "active"
     DRAINING = "draining"
@@ -54,6 +62,9 @@ class WorkerState(enum.Enum):
 
 
 _TRANSITIONS = {
+    (None, WorkerState.STANDBY),
+    (WorkerState.STANDBY, WorkerState.JOINING),
+    (WorkerState.STANDBY, WorkerState.GONE),
     (None, WorkerState.JOINING),
     (WorkerState.JOINING, WorkerState.ACTIVE),
     (WorkerState.JOINING, WorkerState.GONE),
@@ -124,6 +135,7 @@ class ElasticController:
         self.last_regroup: RegroupReport | None = None
         self.handles: dict[Member, Any] = {}
         self.states: dict[Member, WorkerState] = {}
+        self._known: dict[Any, tuple[Member, bool]] = {}  # handle -> (member, uses CUDA)
         self._transfer_ids = count()
         self._generations = count()  # one per formation attempt, failed ones included
 
@@ -137,7 +149,8 @@ class ElasticController:
         assert (old, new) in _TRANSITIONS, f"{member}: {old} -> {new}"
         self.states[member] = new
         if new is WorkerState.GONE:
-            self.handles.pop(member, None)
+            handle = self.handles.pop(member, None)
+            self._known.pop(handle, None)
 
     def active(self) -> list[Member]:
         return sorted(m for m, s in self.states.items() if s is WorkerState.ACTIVE)
@@ -152,13 +165,32 @@ class ElasticController:
             self._set_state(member, WorkerState.ACTIVE)
         return members
 
+    def standby(self, handles: Iterable[Any]) -> list[Member]:
+        """Register started workers that hold no current weights yet (kept alive for recovery):
+        they prepare now (identity, device, object-store connection), off the recovery path."""
+        handles = list(handles)
+        members = []
+        for handle, (member, cuda) in zip(handles, ray.get([h.prepare_standby.remote() for h in handles])):
+            self._known[handle] = (member, cuda)
+            self.handles[member] = handle
+            self._set_state(member, WorkerState.STANDBY)
+            members.append(member)
+        return members
+
+    def _identify(self, handle: Any) -> Member:
+        if handle not in self._known:
+            self._known[handle] = tuple(ray.get([handle.member.remote(), handle.uses_cuda.remote()]))
+        return self._known[handle][0]
+
     def admit(self, handles: Iterable[Any], storage: Path | None = None) -> dict[Member, TransferPlan]:
         """Give newcomers current weights (same-node peer, else remote peer, else ``storage``),
         then regroup so they join SP groups. Returns the source used for each newcomer that
-        survived its transfer."""
+        survived its transfer. Standby workers (:meth:`standby`) are admitted without queries."""
         chosen: dict[Member, TransferPlan] = {}
         for handle in handles:
-            member = ray.get(handle.member.remote())
+            member = self._identify(handle)
+            if self.states.get(member) is WorkerState.GONE:
+                raise ValueError(f"cannot admit {member}: it was removed (dead or drained)")
             self.handles[member] = handle
             self._set_state(member, WorkerState.JOINING)
             plan = self._transfer_weights(member, storage)
@@ -209,12 +241,13 @@ class ElasticController:
     def _method(self, plan: TransferPlan, newcomer: Any) -> TransferMethod:
         if self.config.transfer_method != "auto" and plan.peer is not None:
             return TransferMethod(self.config.transfer_method)
-        return choose_method(plan, cuda_available=ray.get(newcomer.uses_cuda.remote()))
+        return choose_method(plan, cuda_available=self._known[newcomer][1])
 
     def _copy_from_peer(self, peer: Any, newcomer: Any, method: TransferMethod) -> float:
         if method is TransferMethod.OBJECT_STORE:
-            boxed = ray.get(peer.publish_weights.remote())
-            return ray.get(newcomer.load_weights_from_object.remote(boxed))
+            # The peer's reply (the boxed reference) goes straight to the newcomer's call: Ray
+            # resolves it there, so the driver waits for one round trip, not two.
+            return ray.get(newcomer.load_weights_from_object.remote(peer.publish_weights.remote()))
         prefix = f"xfer{next(self._transfer_ids)}"
         args = (self.rendezvous.address, prefix)
         timeout = self.config.pg_timeout_s
