@@ -94,7 +94,10 @@ def test_launcher_check_mode(workdir, capsys):
     from roll_spotlight.launch import main
 
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "max_steps=3"]) == 0
-    assert "tiny_shapes_roll: OK" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "tiny_shapes_roll: OK" in out and "warning" not in out
+    assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2"]) == 0
+    assert "warning: elastic.sp_degree=2: pipeline rollouts run each image on one GPU (SP 1)" in capsys.readouterr().out
 
 
 def _rows(path: Path) -> list[dict]:

@@ -39,10 +39,18 @@ def test_recipe_validates_without_roll(path):
     assert run_cfg.max_steps >= 1
 
 
-def test_1280_recipe_uses_sequence_parallel_rollouts():
+def test_1280_recipe_asks_for_sequence_parallelism_and_is_warned_it_runs_at_sp_1():
     sections, run_cfg = validate_recipe(load_yaml(ROOT / "configs/roll/qwen_image_geneval_1280.yaml"))
     assert run_cfg.model.image_size == 1280 and sections.elastic.sp_degree > 1
     assert run_cfg.model.preset == "qwen_image" and run_cfg.model.path
+    notice = sections.elastic.rollout_notice()
+    assert notice is not None and f"elastic.sp_degree={sections.elastic.sp_degree}" in notice and "SP 1" in notice
+
+
+def test_recipes_at_sp_1_get_no_sequence_parallel_warning():
+    for name in ("qwen_image_ocr_512", "tiny_shapes_roll"):
+        sections, _ = validate_recipe(load_yaml(ROOT / f"configs/roll/{name}.yaml"))
+        assert sections.elastic.sp_degree == 1 and sections.elastic.rollout_notice() is None, name
 
 
 @pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)

@@ -43,6 +43,8 @@ class SpotlightPipeline(BasePipeline):
         cfg: SpotlightConfig = coerce(pipeline_config)
         check_environment()
         plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
+        if notice := cfg.elastic.rollout_notice():
+            logger.warning(notice)
         cfg.num_gpus_per_node, cfg.num_nodes = self.plan_resources(cfg)
         super().__init__(cfg)
         self.run_config = cfg.to_run_config()

@@ -102,6 +102,9 @@ class ElasticConfig:
     ``sp_degree`` is the preferred degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on Qwen-Image),
     the controller's ``preferred_degree``; ``pg_timeout_s`` is the controller's key. With
     ``enabled`` false groups are fixed and a preemption stops the group until it is replaced.
+
+    The pipeline's rollouts do not use SP groups yet: each image runs on one GPU whatever
+    ``sp_degree`` says, and :meth:`rollout_notice` is the warning logged at start-up.
     """
 
     enabled: bool = True
@@ -112,6 +115,14 @@ class ElasticConfig:
         _positive_int("elastic.sp_degree", self.sp_degree)
         _check(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "elastic.pg_timeout_s",
                self.pg_timeout_s, "must be a finite number > 0")
+
+    def rollout_notice(self) -> str | None:
+        """Why this section does not change how rollouts run (None when it would not anyway)."""
+        if self.sp_degree == 1:
+            return None
+        return (f"elastic.sp_degree={self.sp_degree}: pipeline rollouts run each image on one GPU (SP 1) "
+                "in this version; the elastic SP groups (roll_spotlight.elastic) are not yet wired into "
+                "the rollout workers. The run continues at SP 1.")
 
     def controller_config(self, num_heads: int):
         """The elastic controller's config (elastic.controller.ElasticConfig) for a model."""
