@@ -9,7 +9,9 @@ What is measured, side by side in one run, medians over ``repeats``:
   path; that publish is timed apart as ``publish_s``), the survivors and the newcomer build a
   fresh gloo group under a new generation prefix (file-store rendezvous), and the group runs one
   step of the rollout. The standby is a started process with its
-  imports done and random weights, as on a node whose worker is kept alive.
+  imports done and random weights, as on a node whose worker is kept alive, registered with the
+  controller beforehand (``ElasticController.standby``: identity, device and its object-store
+  connection prepared off the recovery path).
 - **cold**: the group restarts from nothing: two new actor processes, ``import`` of torch and
   diffusers, ``from_pretrained`` of the weights from disk, group formation, one step. Ray may
   hand an idle pre-started Python worker to an actor, which saves the ``import ray`` part only.
