@@ -532,9 +532,10 @@ def test_row_preemption_of_the_only_holder_of_a_weight_version(monkeypatch, elas
     assert np.array_equal(report.state.latent, elastic["reference"].latent)
 
 
-def test_row_standby_worker_dies_before_it_is_admitted(monkeypatch, elastic):
+def test_row_standby_worker_dies_or_is_preempted_before_it_is_admitted(monkeypatch, elastic):
     """A standby (known, weightless) worker dies while kept for recovery: admitting it finds it
-    dead, marks it GONE and leaves the running groups as they were."""
+    dead, marks it GONE and leaves the running groups as they were. A standby given a preemption
+    notice leaves at once (it holds no work)."""
     import dataclasses as dc
 
     from roll_spotlight.elastic.controller import WorkerState
@@ -550,6 +551,10 @@ def test_row_standby_worker_dies_before_it_is_admitted(monkeypatch, elastic):
     assert controller.admit([standby]) == {}
     assert controller.states[("a", 2)] is WorkerState.GONE
     assert controller.plan is plan, "nothing changed: no regroup"
+    spare = _Handle(elastic["cls"](WorkerConfig(gpu=3, model=elastic["spec"], node="a")))
+    controller.standby([spare])
+    controller.notify_preemption([("a", 3), ("a", 2)])  # a standby leaves at once; a gone member stays gone
+    assert controller.states[("a", 3)] is WorkerState.GONE and controller.states[("a", 2)] is WorkerState.GONE
     same_gpu = _Handle(elastic["cls"](WorkerConfig(gpu=2, model=elastic["spec"], node="a")))
     with pytest.raises(ValueError, match=r"cannot admit \('a', 2\): it was removed"):
         controller.admit([same_gpu])

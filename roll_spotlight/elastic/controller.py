@@ -21,7 +21,7 @@ Worker lifecycle (transitions only in :meth:`ElasticController._set_state`)::
                                         |                          |                              |
                                         +--------- died ---------> GONE <---- drained/died -------+
 
-(a STANDBY worker found dead goes to GONE too.)
+(a STANDBY worker found dead, or given a preemption notice, goes to GONE too.)
 
 A standby worker is a started process the controller already knows (node, GPU, device): admitting
 it costs no identity queries on the recovery path, only its weights and the regroup.
@@ -201,9 +201,15 @@ class ElasticController:
         return chosen
 
     def notify_preemption(self, members: Iterable[Member]) -> None:
-        """A provider notice: these finish their current step chunk, then leave at the boundary."""
+        """A provider notice: active members finish their current step chunk, then leave at the
+        boundary; a standby member holds no work and leaves now; members already leaving are
+        left as they are."""
         for member in members:
-            self._set_state(member, WorkerState.DRAINING)
+            state = self.states.get(member)
+            if state is WorkerState.STANDBY:
+                self._set_state(member, WorkerState.GONE)
+            elif state not in (WorkerState.DRAINING, WorkerState.GONE):
+                self._set_state(member, WorkerState.DRAINING)
 
     def remove(self, members: Iterable[Member]) -> None:
         for member in members:
