@@ -382,25 +382,23 @@ def _signature(slots: list[_Slot]) -> frozenset[frozenset[Member]]:
 
 def _next_exchange(slots: list[_Slot], seen: set | None, budget: _Budget):
     """The first exchange that cuts node spans; with ``seen``, else the first that keeps them
-    and leads to a partition not in ``seen`` (a plateau step)."""
+    and leads to a partition not in ``seen`` (a plateau step). One pass over the candidates."""
     nodes = [{node for node, _ in s.members} for s in slots]
     # A span cut needs a shared node (one side's members must land where it already is); plateau
     # steps are searched among the same pairs, which keeps them cheap on large clusters.
     pairs = [(i, j) for i in range(len(slots)) if len(nodes[i]) > 1
              for j in range(len(slots)) if j != i and nodes[i] & nodes[j]]
+    plateau = None
     for i, j in pairs:
         for delta, new_a, new_b, trade in _exchanges(slots[i], slots[j], budget):
             if delta < 0:
                 return i, j, new_a, new_b, trade
-    if seen is None:
-        return None
-    for i, j in pairs:
-        for _, new_a, new_b, trade in _exchanges(slots[i], slots[j], budget):
-            trial = frozenset([*(frozenset(s.members) for k, s in enumerate(slots) if k not in (i, j)),
-                               frozenset(new_a), frozenset(new_b)])
-            if trial not in seen:
-                return i, j, new_a, new_b, trade
-    return None
+            if seen is not None and plateau is None:
+                trial = frozenset([*(frozenset(s.members) for k, s in enumerate(slots) if k not in (i, j)),
+                                   frozenset(new_a), frozenset(new_b)])
+                if trial not in seen:
+                    plateau = i, j, new_a, new_b, trade
+    return plateau
 
 
 def _improve_locality(slots: list[_Slot], budget: _Budget, plateau_cap: int = 0) -> list[_Slot]:

@@ -101,16 +101,22 @@ def _check_keys(own: Mapping[str, torch.Tensor], state: Mapping[str, np.ndarray]
                          f"unexpected {sorted(set(state) - set(own))[:3]}")
 
 
+def _tensor_views(state: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Tensors over the arrays of ``state``, no copy. Arrays mapped from the object store are
+    read-only; callers only read these tensors, so torch's warning about that is moot."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {key: torch.from_numpy(np.asarray(array)) for key, array in state.items()}
+
+
 @torch.no_grad()
 def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
     """Copy arrays (possibly read-only shared memory) into the model's own tensors."""
     own = model.state_dict()
     _check_keys(own, state)
-    with warnings.catch_warnings():
-        # Shared-memory arrays are read-only; they are only read here, so torch's warning is moot.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for key, tensor in own.items():
-            tensor.copy_(torch.from_numpy(np.asarray(state[key])))
+    views = _tensor_views(state)
+    for key, tensor in own.items():
+        tensor.copy_(views[key])
 
 
 @torch.no_grad()
@@ -123,18 +129,14 @@ def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -
     """
     own = model.state_dict(keep_vars=True)  # the parameters and persistent buffers themselves
     _check_keys(own, state)
-    views = {}
-    with warnings.catch_warnings():
-        # Shared-memory arrays are read-only; the model only reads them (see own_weights).
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for key, tensor in own.items():
-            if tensor.device.type != "cpu":
-                raise ValueError(f"share_numpy_state needs a CPU model; {key} is on {tensor.device}")
-            view = torch.from_numpy(np.asarray(state[key]))
-            if view.shape != tensor.shape or view.dtype != tensor.dtype:
-                raise ValueError(f"{key}: got {view.dtype} {tuple(view.shape)}, "
-                                 f"the model has {tensor.dtype} {tuple(tensor.shape)}")
-            views[key] = view
+    views = _tensor_views(state)
+    for key, tensor in own.items():
+        if tensor.device.type != "cpu":
+            raise ValueError(f"share_numpy_state needs a CPU model; {key} is on {tensor.device}")
+        view = views[key]
+        if view.shape != tensor.shape or view.dtype != tensor.dtype:
+            raise ValueError(f"{key}: got {view.dtype} {tuple(view.shape)}, "
+                             f"the model has {tensor.dtype} {tuple(tensor.shape)}")
     for key, tensor in own.items():  # all checked first: a mismatch leaves the model untouched
         tensor.data = views[key]
 
