@@ -84,11 +84,22 @@ def _train(cfg, run_dir: Path, args, resume: bool = False):
 
     progress = not args.no_progress
     check_startup(cfg)
-    policy, source = starting_policy(cfg, progress=progress)
-    if getattr(args, "ray", False) or getattr(args, "address", None) or cfg.spot.enabled:  # spot runs on Ray
-        from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
+    on_ray = getattr(args, "ray", False) or getattr(args, "address", None) or cfg.spot.enabled  # spot runs on Ray
+    sp_degree = getattr(args, "sp_degree", 1)
+    if sp_degree != 1:
+        from roll_spotlight.runtime.sp_group import check_sp_degree
 
-        cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers)
+        if not on_ray:
+            raise ValueError(f"--sp-degree {sp_degree}: SP rollout groups need Ray workers (add --ray)")
+        check_sp_degree(cfg.model, sp_degree, key="--sp-degree")
+    if on_ray:  # validated before the base model is built or pretrained
+        from roll_spotlight.runtime.ray_backend import RayClusterConfig
+
+        cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers, sp_degree=sp_degree)
+    policy, source = starting_policy(cfg, progress=progress)
+    if on_ray:
+        from roll_spotlight.runtime.ray_backend import RayBackend
+
         backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
     else:
         from roll_spotlight.runtime.local import LocalBackend
@@ -204,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", action="store_true", help="run on Ray actors (local cluster unless --address)")
     p.add_argument("--address", help="join an existing Ray cluster (implies --ray)")
     p.add_argument("--workers", type=int, default=2, help="on-demand rollout workers with --ray")
+    p.add_argument("--sp-degree", type=int, default=1,
+                   help="with --ray: rollout workers per SP group (Ulysses; must divide --workers and the head count)")
     _add_trace_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("quickstart", help="the embedded default: tiny task on a local Ray, with a report")

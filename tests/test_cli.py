@@ -31,6 +31,22 @@ def test_bad_config_fails_at_start_naming_the_key(tmp_path, capsys, override, ke
     assert not run_dir.exists(), "a failed start must not leave a run directory behind"
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--sp-degree", "3", "--ray"], "--sp-degree=3 must divide model.num_attention_heads=4"),
+    (["--sp-degree", "2"], "--sp-degree 2: SP rollout groups need Ray workers"),
+    (["--sp-degree", "2", "--ray", "--workers", "3"], "runtime.sp_degree=2 must be >= 1 and divide"),
+])
+def test_a_bad_sp_degree_fails_before_anything_is_built(tmp_path, capsys, monkeypatch, flags, message):
+    import roll_spotlight.training.loop as loop
+
+    monkeypatch.setattr(loop, "starting_policy", lambda *a, **k: pytest.fail("the base was built first"))
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(REPO / "configs" / "tiny_shapes.yaml"), "--run-dir", str(run_dir), *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
 def test_missing_config_and_resume(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err

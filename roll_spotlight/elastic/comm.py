@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pickle
+
 import torch
 import torch.distributed as dist
 
 __all__ = [
     "all_gather_cat",
     "all_to_all_chunks",
+    "any_true",
     "broadcast_",
+    "broadcast_object",
     "generation_prefix",
     "make_process_group",
 ]
@@ -92,3 +96,29 @@ def broadcast_(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torc
         opts.rootRank = src
         group.broadcast([tensor], opts).wait()
     return tensor
+
+
+def any_true(flag: bool, group: dist.ProcessGroup, device: torch.device | str = "cpu") -> bool:
+    """True on every rank when ``flag`` is true on at least one (an all-reduce MAX of one int)."""
+    value = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device)
+    if group.size() > 1:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        group.allreduce([value], opts).wait()
+    return bool(value.item())
+
+
+def broadcast_object(obj, src: int, group: dist.ProcessGroup, device: torch.device | str = "cpu"):
+    """``obj`` of rank ``src`` on every rank (pickled; two broadcasts: the length, then the bytes).
+    Other ranks pass anything (it is ignored). Objects come from this project's own ranks only."""
+    if group.size() == 1:
+        return obj
+    mine = group.rank() == src
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if mine else b""
+    length = broadcast_(torch.tensor([len(payload)], dtype=torch.int64, device=device), src, group)
+    if mine:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    broadcast_(data, src, group)
+    return obj if mine else pickle.loads(data.cpu().numpy().tobytes())

@@ -151,16 +151,23 @@ class RolloutWorker:
     `hold_at_step` is deterministic failure injection for tests (as torchft's `fail_at`): a lease
     that reaches that step index parks the worker after the step until `notify_preemption()` or
     `stop()` (or a kill), and `wait_held()` returns once it is parked.
+
+    `sp` (a `runtime.sp_group.SPMembership`) makes the worker one rank of an SP rollout group
+    (`runtime.sp_group`): `serve()` first joins the group, then the group serves as one worker.
+    `group_name` is the name the group is known by in the queue: its leader's (rank 0) name.
     """
 
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
-                 commit_every: int = 0, kinds=None, hold_at_step: int | None = None):
+                 commit_every: int = 0, kinds=None, hold_at_step: int | None = None,
+                 sp=None, group_name: str | None = None):
         from roll_spotlight.dispatch.actor import QueueClient
         from roll_spotlight.runtime.executor import RolloutExecutor
 
         _torch_setup(threads)
         self.name, self.store, self.kinds = name, store, kinds
-        self.client = QueueClient(queue, name)
+        self.sp = sp
+        self.leader = sp is None or sp.rank == 0
+        self.client = QueueClient(queue, group_name or name)
         self.executor = RolloutExecutor(load_policy(policy_path), commit_every=commit_every)
         self.version: int | None = None
         self._stop = threading.Event()
@@ -181,6 +188,8 @@ class RolloutWorker:
 
     def serve(self) -> dict:
         """The pull loop; returns the worker's counters when it stops or is preempted."""
+        if self.sp is not None:
+            return self._serve_group()
         idle = 0.002
         while not self._stop.is_set() and not self._notice.is_set():
             leases = self.client.pull(1, kinds=self.kinds)
@@ -192,16 +201,48 @@ class RolloutWorker:
             self._run(leases[0])
         return dict(self.counters)
 
-    def _run(self, lease) -> None:
+    def _serve_group(self) -> dict:
+        """The pull loop of an SP group member (protocol in `runtime.sp_group`): the leader pulls,
+        every rank runs the lease, stop decisions are collective."""
+        from roll_spotlight.runtime.sp_group import SPRolloutGroup
+
+        group = SPRolloutGroup(self.executor.policy, self.sp)
+        self.counters["sp_size"] = group.size
+        idle = 0.002
+        try:
+            while not group.any(self._stop.is_set() or self._notice.is_set()):
+                lease = None
+                if group.leader:
+                    leases = self.client.pull(1, kinds=self.kinds)
+                    lease = leases[0] if leases else None
+                lease = group.share(lease)
+                if lease is None:
+                    if group.leader:  # the others wait in the next collective
+                        time.sleep(idle)
+                        idle = min(idle * 2, 0.05)
+                    continue
+                idle = 0.002
+                self._run(lease, group)
+        finally:
+            group.close()
+        return dict(self.counters)
+
+    def _run(self, lease, group=None) -> None:
         from roll_spotlight.runtime.executor import Finished
 
         t0 = time.time()
         start = lease.resume.step_index if lease.resume is not None else 0
         self._progress = (start, start)
         self._ensure_version(lease.request.weight_version)
-        outcome = self.executor.run(lease, self._should_stop, on_checkpoint=self._checkpoint)
+        should_stop = self._should_stop if group is None else (lambda: group.any(self._should_stop()))
+        outcome = self.executor.run(lease, should_stop, on_checkpoint=self._checkpoint if self.leader else None,
+                                    decode=self.leader)
         self._progress = (start + outcome.steps_run, self._progress[1])
         self.counters["steps"] += outcome.steps_run
+        if not self.leader:  # the leader hands the result or the state to the queue
+            self._progress = None
+            self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
+            return
         if isinstance(outcome, Finished):
             self.client.complete(lease, outcome.output)
             self.counters["completed"] += 1
@@ -225,8 +266,9 @@ class RolloutWorker:
         self._progress = (self._progress[0], state.step_index)
 
     def notify_preemption(self, seconds_left: float) -> None:
-        """A preemption notice: stop after the current step and commit (see `serve`)."""
-        self.client.handle.notify_preemption.remote(self.name, seconds_left)
+        """A preemption notice: stop after the current step and commit (see `serve`). The queue
+        hears of it under the name it knows: the worker's, or its SP group's."""
+        self.client.handle.notify_preemption.remote(self.client.worker, seconds_left)
         self._notice.set()
         self._release.set()
 

@@ -31,7 +31,7 @@ class Committed:
 
 @dataclass(frozen=True)
 class Finished:
-    output: RolloutOutput
+    output: RolloutOutput | None  # None when run with decode=False
     steps_run: int
 
 
@@ -94,7 +94,10 @@ class RolloutExecutor:
         self._cond_cache.clear()
 
     def run(self, lease: Lease, should_stop: Callable[[], bool] = lambda: False,
-            on_checkpoint: Callable[[InFlightState], None] | None = None) -> Committed | Finished:
+            on_checkpoint: Callable[[InFlightState], None] | None = None, *,
+            decode: bool = True) -> Committed | Finished:
+        """Run `lease` to the end, or until `should_stop()` says so after a step. ``decode=False``:
+        a finished rollout's output is None (an SP follower: its leader returns the result)."""
         request = lease.request
         self.policy.eval()  # see `RolloutExecutor`: the mode changes the prompt encoder's numerics
         state = unpack_state(lease.resume) if lease.resume is not None else None
@@ -107,7 +110,7 @@ class RolloutExecutor:
                 return Committed(pack_state(traj, request), steps_run)
             if on_checkpoint and self.commit_every and not traj.done and traj.next_step % self.commit_every == 0:
                 on_checkpoint(pack_state(traj, request))
-        return Finished(self._output(request, traj, start), traj.next_step - start)
+        return Finished(self._output(request, traj, start) if decode else None, traj.next_step - start)
 
     def _advance(self, request: Request, state, n: int) -> Trajectory:
         cond = self.cond(request.prompt)

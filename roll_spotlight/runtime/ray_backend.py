@@ -56,10 +56,15 @@ class RayClusterConfig:
     threads_per_actor: int = 1
     poll_s: float = 0.01
     spot_pool_slots: int = 0  # extra spot_gpu units for the elastic spot pool's workers
+    sp_degree: int = 1  # rollout workers per SP group (runtime.sp_group); 1: one image per worker
+    sp_timeout_s: float = 60.0  # an SP group's collectives wait this long for a silent member
 
     def __post_init__(self) -> None:
         if self.ondemand_workers + self.spot_workers < 1:
             raise ValueError("runtime.ondemand_workers + runtime.spot_workers must be >= 1")
+        if self.sp_degree < 1 or self.ondemand_workers % self.sp_degree or self.spot_workers % self.sp_degree:
+            raise ValueError(f"runtime.sp_degree={self.sp_degree} must be >= 1 and divide runtime.ondemand_workers="
+                             f"{self.ondemand_workers} and runtime.spot_workers={self.spot_workers}")
         if self.num_cpus < 1:
             raise ValueError(f"runtime.num_cpus must be >= 1, got {self.num_cpus}")
 
@@ -136,6 +141,10 @@ class RayBackend:
         self.cluster = cluster or RayClusterConfig()
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=2 * cfg.spot.max_workers)
+        if self.cluster.sp_degree > 1:
+            from roll_spotlight.runtime.sp_group import check_sp_degree
+
+            check_sp_degree(cfg.model, self.cluster.sp_degree)
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
@@ -154,10 +163,10 @@ class RayBackend:
                                         journal=journal)
         self.workers = {}
         self.serving = {}
-        for i in range(self.cluster.ondemand_workers):
-            self.add_worker(f"ondemand-{i}", ONDEMAND)
-        for i in range(self.cluster.spot_workers):
-            self.add_worker(f"spot-{i}", SPOT)
+        self._rendezvous = None
+        self._placement_groups = []
+        self._add_workers("ondemand", ONDEMAND, self.cluster.ondemand_workers)
+        self._add_workers("spot", SPOT, self.cluster.spot_workers)
         self._events: list[dict] = []
         self.spot = None
         if cfg.spot.enabled:
@@ -170,8 +179,48 @@ class RayBackend:
                                    ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
                                    worker_kwargs=worker_kwargs)
 
-    def add_worker(self, name: str, resource: str, **kwargs):
-        worker = RolloutWorker.options(resources={resource: 1}, num_gpus=worker_gpus(self._path), name=None).remote(
+    def _add_workers(self, prefix: str, resource: str, count: int) -> None:
+        """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,
+        each group on one node (a STRICT_PACK placement group) and known to the queue by the
+        name of its first member."""
+        degree = self.cluster.sp_degree
+        if degree == 1:
+            for i in range(count):
+                self.add_worker(f"{prefix}-{i}", resource)
+            return
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from roll_spotlight.runtime.sp_group import group_memberships
+
+        gpus = worker_gpus(self._path)
+        for first in range(0, count, degree):
+            bundle = {resource: 1.0, **({"GPU": float(gpus)} if gpus else {})}
+            pg = placement_group([bundle] * degree, strategy="STRICT_PACK")
+            ray.get(pg.ready())
+            self._placement_groups.append(pg)
+            leader = f"{prefix}-{first}"
+            members = group_memberships(self._rendezvous_address(), leader, degree, self.cluster.sp_timeout_s)
+            for rank, membership in enumerate(members):
+                strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank)
+                self.add_worker(f"{prefix}-{first + rank}", resource, sp=membership, group_name=leader,
+                                _options={"scheduling_strategy": strategy})
+
+    def _rendezvous_address(self):
+        """Where SP groups meet: a file store on a local cluster, a TCP store on this host otherwise."""
+        if self._rendezvous is None:
+            from roll_spotlight.elastic.rendezvous import RendezvousHost
+
+            host = "127.0.0.1" if not self.cluster.address else ray.util.get_node_ip_address()
+            self._rendezvous = RendezvousHost(host)
+        return self._rendezvous.address
+
+    def add_worker(self, name: str, resource: str, _options: Mapping | None = None, **kwargs):
+        options = {"resources": {resource: 1}, "num_gpus": worker_gpus(self._path), "name": None, **(_options or {})}
+        if "scheduling_strategy" in options:  # the placement group's bundle already holds the resources
+            options.pop("resources")
+            options.pop("num_gpus")
+        worker = RolloutWorker.options(**options).remote(
             name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor, **kwargs)
         self.workers[name] = worker
         self.serving[name] = worker.serve.remote()
@@ -260,3 +309,7 @@ class RayBackend:
         for worker in self.workers.values():
             worker.stop.remote()
         ray.get(list(self.serving.values()))
+        for pg in self._placement_groups:
+            ray.util.remove_placement_group(pg)
+        if self._rendezvous is not None:
+            self._rendezvous.close()

@@ -1,0 +1,119 @@
+"""SP rollout groups: several rollout workers denoise one image together with Ulysses SP.
+
+This is where sequence parallelism enters the iteration loop. ``size`` rollout workers (one GPU
+each) join one process group and install Ulysses (`roll_spotlight.elastic.ulysses`) on their
+policy's transformer; from then on the group serves the request queue as one worker:
+
+    every tick, on every rank:
+        stop?  = a rank was stopped or got a preemption notice     (all-reduce MAX)
+        lease  = rank 0 pulls one (None when nothing is pending)   (broadcast from rank 0)
+        every rank runs the same lease; after each denoising step
+        stop?  = a rank got a notice                               (all-reduce MAX)
+        rank 0 completes the result, or commits the in-flight state
+
+Only rank 0 (the leader) talks to the queue, under its own worker name; the others learn each lease
+from it. A notice to any member makes the whole group commit after the step in hand, because the
+group cannot continue without that member; the committed state is the full latent at a step
+boundary, so any worker or group of any degree resumes it. The decisions are collectives, so the
+ranks never disagree on where a rollout stopped.
+
+Numerics: SP changes the float reduction order inside attention and nothing else, so an SP
+trajectory equals the single-GPU one to ~1e-6 in fp32 (tests: `tests/test_sp_rollout.py`) and is
+bit-identical between two runs at the same degree.
+
+Failure without notice: a member that dies blocks the others in the group's next collective until
+``timeout_s``; they then raise, and the leader's lease goes back to the queue when it expires.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
+from roll_spotlight.elastic.rendezvous import Rendezvous
+from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
+
+__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "group_memberships"]
+
+
+@dataclass(frozen=True)
+class SPMembership:
+    """One worker's place in an SP rollout group: where to meet (``rendezvous``, ``prefix``), its
+    ``rank`` of ``size``, and the collectives' timeout."""
+
+    rendezvous: Rendezvous
+    prefix: str
+    rank: int
+    size: int
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"SPMembership: rank={self.rank} must be in [0, size={self.size})")
+        if not self.timeout_s > 0:
+            raise ValueError(f"SPMembership.timeout_s={self.timeout_s} must be > 0")
+
+
+def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> None:
+    """Fail at start-up, naming ``key``, when Ulysses could not split the model ``degree`` ways:
+    the degree must divide the head count and the image-token count. Only the tiny preset's
+    shapes are known before a model loads; a real model is checked when its group forms."""
+    if degree < 1:
+        raise ValueError(f"{key}={degree} must be >= 1")
+    if degree == 1 or model_cfg.preset != "tiny":
+        return
+    tokens = (model_cfg.image_size // 2) ** 2  # the tiny preset packs 2x2 pixels per token
+    if model_cfg.num_attention_heads % degree or tokens % degree:
+        raise ValueError(f"{key}={degree} must divide model.num_attention_heads={model_cfg.num_attention_heads} "
+                         f"and the image-token count {tokens} (model.image_size={model_cfg.image_size})")
+
+
+def group_memberships(rendezvous: Rendezvous, name: str, size: int, timeout_s: float = 60.0) -> list[SPMembership]:
+    """The memberships of one group of ``size`` workers meeting under the prefix ``name``."""
+    return [SPMembership(rendezvous, name, rank, size, timeout_s) for rank in range(size)]
+
+
+class SPRolloutGroup:
+    """A worker's side of its group: the process group, Ulysses on the policy, the two decisions.
+
+    The constructor blocks until every member has joined. The head count of the policy's
+    transformer and its image-token count must be divisible by ``size`` (checked by Ulysses)."""
+
+    def __init__(self, policy, membership: SPMembership) -> None:
+        self.membership = membership
+        self.policy = policy
+        self.device = policy.device
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        store = membership.rendezvous.connect(membership.timeout_s)
+        self.group = make_process_group(store, membership.prefix, membership.rank, membership.size,
+                                        backend=backend, timeout_s=membership.timeout_s,
+                                        loopback=membership.rendezvous.loopback)
+        self._store = store  # keep the store client alive as long as the group
+        apply_ulysses(policy.transformer, self.group)
+
+    @property
+    def rank(self) -> int:
+        return self.membership.rank
+
+    @property
+    def size(self) -> int:
+        return self.membership.size
+
+    @property
+    def leader(self) -> bool:
+        return self.membership.rank == 0
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on at least one."""
+        return any_true(flag, self.group, self.device)
+
+    def share(self, obj: Any) -> Any:
+        """The leader's ``obj`` on every rank (the others' argument is ignored)."""
+        return broadcast_object(obj, 0, self.group, self.device)
+
+    def close(self) -> None:
+        """Leave: the policy runs unsharded again (the process group is dropped with this object)."""
+        remove_ulysses(self.policy.transformer)
+

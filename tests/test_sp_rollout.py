@@ -1,0 +1,217 @@
+"""SP rollout groups in the iteration loop (runtime.sp_group): several rollout workers denoise one
+image with Ulysses SP, serve the queue as one worker, and commit together on any member's notice.
+
+Tier 1 runs the group's ranks as threads of this process (gloo over a file store); tier 3 runs
+them as RolloutWorker actors behind the Ray backend and its queue. SP reorders float sums inside
+attention only, so outputs are compared with the single-worker run to a tolerance, not bit for bit.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
+from roll_spotlight.dispatch.requests import Lease, Request
+from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
+from roll_spotlight.elastic.rendezvous import RendezvousHost
+from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
+from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup, check_sp_degree, group_memberships
+from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
+
+pytestmark = pytest.mark.dist
+SCHEDULE = Schedule(num_steps=6, noise_level=0.7)
+TOL = 1e-5
+
+
+def _spec(seed: int = 777) -> RequestSpec:
+    return RequestSpec(0, "three blue squares", seed, SCHEDULE, 0, RequestKind.ROLLOUT, 0)
+
+
+def _lease(spec: RequestSpec, resume=None) -> Lease:
+    return Lease(0, Request.from_spec(0, spec), "test", float("inf"), resume, 1)
+
+
+def _in_threads(size: int, fn):
+    """Run ``fn(rank)`` on ``size`` threads; their results in rank order (an exception re-raised)."""
+    results, errors = [None] * size, []
+
+    def main(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as err:  # noqa: BLE001 - handed to the test thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+def _assert_close(out, ref) -> None:
+    assert np.abs(out.latents - ref.latents).max() < TOL
+    assert np.abs(out.log_probs - ref.log_probs).max() < TOL
+    assert np.abs(out.image.astype(int) - ref.image.astype(int)).max() <= 1  # uint8 rounding at most
+    assert (out.seed, out.resumed_from) == (ref.seed, ref.resumed_from)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    torch.set_num_threads(1)
+    return tiny_config()
+
+
+@pytest.fixture(scope="module")
+def reference(cfg):
+    return RolloutExecutor(random_policy(cfg, seed=5)).run(_lease(_spec())).output
+
+
+def test_group_decisions_are_the_same_on_every_rank(tmp_path):
+    host = RendezvousHost("127.0.0.1")
+
+    def rank_main(rank: int):
+        group = make_process_group(host.address.connect(30), "decide", rank, 3, backend="gloo", timeout_s=30,
+                                   loopback=True)
+        shared = broadcast_object({"lease": rank, "data": np.arange(4)} if rank == 0 else "ignored", 0, group)
+        return shared["lease"], shared["data"].tolist(), any_true(rank == 2, group), any_true(False, group)
+
+    assert _in_threads(3, rank_main) == [(0, [0, 1, 2, 3], True, False)] * 3
+    host.close()
+
+
+@pytest.mark.parametrize("degree", [2, 4])
+def test_a_group_rollout_equals_the_single_worker_rollout(cfg, reference, degree):
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, f"sp{degree}", degree, timeout_s=60)
+
+    policies = [random_policy(cfg, seed=5) for _ in range(degree)]  # the global torch RNG: not in threads
+
+    def rank_main(rank: int):
+        policy = policies[rank]
+        group = SPRolloutGroup(policy, members[rank])
+        executor = RolloutExecutor(policy)
+        outcome = executor.run(_lease(_spec()), lambda: group.any(False), decode=group.leader)
+        group.close()
+        return outcome
+
+    outcomes = _in_threads(degree, rank_main)
+    assert all(isinstance(o, Finished) for o in outcomes)
+    assert all(o.output is None for o in outcomes[1:]), "only the leader decodes and returns the result"
+    _assert_close(outcomes[0].output, reference)
+    host.close()
+
+
+def test_a_notice_on_one_rank_commits_the_group_at_the_same_step_and_a_single_worker_resumes(cfg, reference):
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, "notice", 2, timeout_s=60)
+
+    policies = [random_policy(cfg, seed=5) for _ in range(2)]  # the global torch RNG: not in threads
+
+    def rank_main(rank: int):
+        policy = policies[rank]
+        group = SPRolloutGroup(policy, members[rank])
+        steps = iter(range(1, 100))
+        notice = lambda: rank == 1 and next(steps) == 3  # noqa: E731 - rank 1's notice after step 3
+        outcome = RolloutExecutor(policy).run(_lease(_spec()), lambda: group.any(notice()), decode=group.leader)
+        group.close()
+        return outcome
+
+    outcomes = _in_threads(2, rank_main)
+    assert all(isinstance(o, Committed) and o.steps_run == 3 and o.state.step_index == 3 for o in outcomes)
+    resumed = RolloutExecutor(random_policy(cfg, seed=5)).run(_lease(_spec(), resume=outcomes[0].state)).output
+    assert resumed.resumed_from == 3
+    assert np.abs(resumed.latents - reference.latents).max() < TOL
+    assert np.abs(resumed.log_probs - reference.log_probs).max() < TOL
+    host.close()
+
+
+def test_a_degree_that_does_not_split_the_model_is_refused_at_start_up_naming_the_key(cfg):
+    check_sp_degree(cfg.model, 4)
+    with pytest.raises(ValueError, match=r"runtime\.sp_degree=3 must divide model\.num_attention_heads=4"):
+        check_sp_degree(cfg.model, 3)
+    with pytest.raises(ValueError, match="rank=2 must be in"):
+        SPMembership(RendezvousHost("127.0.0.1").address, "x", 2, 2)
+
+
+# ------------------------------------------------------------------------------------------
+# tier 3: RolloutWorker actors
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(cfg, tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
+
+    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=4))
+    path = save_random_policy(cfg, tmp_path_factory.mktemp("sp") / "policy.pt", seed=5)
+    yield ray, path
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_cluster, tmp_path):
+    from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
+
+    ray, path = ray_cluster
+    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=4, sp_degree=2))
+    try:
+        specs = [_spec(seed=777 + i) for i in range(4)]
+        outputs = backend.rollouts(specs)
+        stats = {name: ray.get(w.stats.remote()) for name, w in backend.workers.items()}
+    finally:
+        backend.close()
+    single = RolloutExecutor(random_policy(cfg, seed=5))
+    for spec, out in zip(specs, outputs):
+        _assert_close(out, single.run(_lease(spec)).output)
+    leaders, followers = ("ondemand-0", "ondemand-2"), ("ondemand-1", "ondemand-3")
+    assert sum(stats[n]["completed"] for n in leaders) == 4
+    assert all(stats[n]["completed"] == 0 and stats[n]["sp_size"] == 2 for n in followers)
+    assert [stats[f]["steps"] for f in followers] == [stats[n]["steps"] for n in leaders], \
+        "every follower ran each of its leader's steps"
+
+
+@pytest.mark.ray
+def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resumes_it(cfg, ray_cluster, reference):
+    from roll_spotlight.dispatch import QueueConfig
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+    from roll_spotlight.weights import WeightStore
+
+    ray, path = ray_cluster
+    store = WeightStore.create(keep=1)
+    store.publish(0, random_policy(cfg, seed=5).state_dict())
+    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, "g", 2, timeout_s=60)
+    group = [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
+        f"g-{r}", str(path), queue, store, sp=members[r], group_name="g-0", hold_at_step=3 if r == 1 else None)
+        for r in range(2)]
+    serving = [w.serve.remote() for w in group]
+    ray.get(queue.submit.remote([_spec()]))
+    assert ray.get(group[1].wait_held.remote(60)), "the follower never reached step 3"
+    group[1].notify_preemption.remote(5.0)
+    leader_stats, follower_stats = ray.get(serving, timeout=60)
+    assert (leader_stats["committed"], leader_stats["completed"], leader_stats["steps"]) == (1, 0, 3)
+    assert (follower_stats["committed"], follower_stats["steps"]) == (0, 3)
+    solo = RolloutWorker.options(resources={ONDEMAND: 1}).remote("solo", str(path), queue, store)
+    solo_serving = solo.serve.remote()
+    completion = None
+    for _ in range(600):
+        if done := ray.get(queue.take_results.remote()):
+            (completion,) = done
+            break
+        ray.get(solo.stats.remote())  # a round trip instead of a sleep
+    solo.stop.remote()
+    ray.get(solo_serving, timeout=60)
+    assert completion is not None and completion.worker == "solo" and completion.output.resumed_from == 3
+    assert np.abs(completion.output.latents - reference.latents).max() < TOL
+    stats = ray.get(queue.stats.remote())
+    assert (stats.commits, stats.resumed_from_commit) == (1, 1)
+    host.close()
