@@ -48,8 +48,8 @@ def launch(config_path: str, config_name: str, overrides: list[str], *, check_on
     cfg = from_mapping(data)
     if check_only:
         print(f"{config_name}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
-        if notice := cfg.elastic.rollout_notice():
-            print(f"warning: {notice}")
+        if summary := cfg.elastic.rollout_summary():
+            print(summary)
         return 0
     from roll.distributed.scheduler.initialize import init
 

@@ -96,8 +96,13 @@ def test_launcher_check_mode(workdir, capsys):
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "max_steps=3"]) == 0
     out = capsys.readouterr().out
     assert "tiny_shapes_roll: OK" in out and "warning" not in out
-    assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2"]) == 0
-    assert "warning: elastic.sp_degree=2: pipeline rollouts run each image on one GPU (SP 1)" in capsys.readouterr().out
+    assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2",
+                 "rollout.world_size=2"]) == 0
+    assert "elastic.sp_degree=2: rollouts run in SP groups of 2 consecutive rollout ranks" in capsys.readouterr().out
+    from roll_spotlight.configuration import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.world_size=2 must be a multiple of elastic.sp_degree=4"):
+        _tiny_config(workdir, "elastic.sp_degree=4")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -150,7 +155,8 @@ def _spot_pipeline_cls():
             self._check_spot(self.pipeline_config)
             spot = self.pipeline_config.spot.run_config()
             return start_training_pool(spot, self.base_path, queue, self.store, ondemand_gpus=3,
-                                       market=training_market(spot, trace))
+                                       market=training_market(spot, trace),
+                                       sp_degree=self.pipeline_config.elastic.sp_degree)
 
     return OneSpotNode
 
@@ -173,3 +179,22 @@ def test_static_dispatch_with_exploration_trains_like_the_reference(workdir, loc
                                    "spot.enabled=false", "exploration.mode=fresh", "exploration.seeds_per_prompt=4",
                                    "exploration.seeds_per_pull=2")
     assert all(r["explored_seeds"] > 0 for r in rows[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_sp_groups_of_rollout_ranks_and_of_a_spot_node_train_like_the_reference(workdir, local_ray):
+    """elastic.sp_degree=2: the two rollout ranks drain the queue as one SP group and the spot
+    node runs a group of two workers (both spot_gpu units); the curve matches SP 1's reference."""
+    rows = _run_like_the_reference(workdir, "pull_spot_sp2", _spot_pipeline_cls(), "dispatch.mode=pull",
+                                   "spot.enabled=true", "exploration.mode=off", "elastic.sp_degree=2")
+    assert rows[2]["spot/nodes_started"] == 1 and rows[2]["spot/requests_failed"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_static_shares_go_to_sp_groups_and_train_like_the_reference(workdir, local_ray):
+    from roll_spotlight.roll import SpotlightPipeline
+
+    _run_like_the_reference(workdir, "static_sp2", SpotlightPipeline, "dispatch.mode=static", "spot.enabled=false",
+                            "exploration.mode=off", "elastic.sp_degree=2")

@@ -39,18 +39,22 @@ def test_recipe_validates_without_roll(path):
     assert run_cfg.max_steps >= 1
 
 
-def test_1280_recipe_asks_for_sequence_parallelism_and_is_warned_it_runs_at_sp_1():
-    sections, run_cfg = validate_recipe(load_yaml(ROOT / "configs/roll/qwen_image_geneval_1280.yaml"))
-    assert run_cfg.model.image_size == 1280 and sections.elastic.sp_degree > 1
-    assert run_cfg.model.preset == "qwen_image" and run_cfg.model.path
-    notice = sections.elastic.rollout_notice()
-    assert notice is not None and f"elastic.sp_degree={sections.elastic.sp_degree}" in notice and "SP 1" in notice
+def test_1280_recipes_run_rollouts_in_sp_groups_of_4_that_tile_their_rollout_ranks():
+    for name in ("qwen_image_geneval_1280", "qwen_image_geneval_1280_vanilla"):
+        data = load_yaml(ROOT / f"configs/roll/{name}.yaml")
+        sections, run_cfg = validate_recipe(data)
+        assert run_cfg.model.image_size == 1280 and sections.elastic.sp_degree == 4
+        assert run_cfg.model.preset == "qwen_image" and run_cfg.model.path
+        assert "SP groups of 4" in sections.elastic.rollout_summary()
+        ranks = eval(data["rollout"]["device_mapping"], {"range": range, "list": list})  # ROLL's own syntax
+        assert len(ranks) % 4 == 0 and all(ranks[i] // 8 == ranks[i + 3] // 8 for i in range(0, len(ranks), 4)), \
+            "each SP group of consecutive rollout ranks sits on one 8-GPU node"
 
 
-def test_recipes_at_sp_1_get_no_sequence_parallel_warning():
+def test_recipes_at_sp_1_have_no_sp_groups():
     for name in ("qwen_image_ocr_512", "tiny_shapes_roll"):
         sections, _ = validate_recipe(load_yaml(ROOT / f"configs/roll/{name}.yaml"))
-        assert sections.elastic.sp_degree == 1 and sections.elastic.rollout_notice() is None, name
+        assert sections.elastic.sp_degree == 1 and sections.elastic.rollout_summary() is None, name
 
 
 @pytest.mark.parametrize("path", TWINS, ids=lambda p: p.stem)

@@ -149,7 +149,7 @@ def ray_cluster(cfg, tmp_path_factory):
     ray = pytest.importorskip("ray")
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
 
-    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=4))
+    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=4, spot_workers=4))
     path = save_random_policy(cfg, tmp_path_factory.mktemp("sp") / "policy.pt", seed=5)
     yield ray, path
     ray.shutdown()
@@ -215,3 +215,69 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     stats = ray.get(queue.stats.remote())
     assert (stats.commits, stats.resumed_from_commit) == (1, 1)
     host.close()
+
+
+def _spot_launcher(cfg, path, queue, store):
+    from roll_spotlight.runtime.spot_pool import ElasticSpotPool, MarketSchedule, RayWorkerLauncher
+    from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace
+
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(50.0, "add", "b"), NodeEvent(100.0, "remove", "a"))
+    trace = Trace(name="two-nodes", kind="events", measures="running", provider="aws",
+                  zones={"z": EventList(rows, 0.0, 200.0)}, gpu_type="V100")
+    launcher = RayWorkerLauncher(str(path), queue, store, sp_degree=2,
+                                 worker_kwargs=lambda node: {"hold_at_step": 3} if node == "z/a" else {})
+    pool = ElasticSpotPool(MarketSchedule(SpotMarket(trace, MarketConfig(notice_s=10.0))), launcher)
+    return launcher, pool
+
+
+def _spot_setup(cfg, ray, path):
+    from roll_spotlight.dispatch import QueueConfig
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.weights import WeightStore
+
+    store = WeightStore.create(keep=1)
+    store.publish(0, random_policy(cfg, seed=5).state_dict())
+    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    launcher, pool = _spot_launcher(cfg, path, queue, store)
+    pool.poll(0.0)  # node a: an SP group of two workers
+    assert launcher.wait_ready(60) and set(launcher.followers) == {"spot-z/a"}
+    ray.get(queue.submit.remote([_spec()]))
+    assert ray.get(launcher.workers["spot-z/a"].wait_held.remote(60)), "node a's group never reached step 3"
+    return queue, launcher, pool
+
+
+@pytest.mark.ray
+def test_a_spot_node_runs_an_sp_group_that_commits_on_notice_and_the_next_node_resumes(cfg, ray_cluster, reference):
+    ray, path = ray_cluster
+    queue, launcher, pool = _spot_setup(cfg, ray, path)
+    pool.poll(95.0)  # node b joins (its own group); node a's notice reaches both of a's workers
+    assert launcher.wait_stopped("spot-z/a", 60)["committed"] == 1
+    completion = None
+    for _ in range(600):
+        pool.poll(95.0)
+        if done := ray.get(queue.take_results.remote()):
+            (completion,) = done
+            break
+        ray.get(launcher.workers["spot-z/b"].stats.remote())
+    pool.poll(100.0)
+    assert completion is not None and completion.worker == "spot-z/b" and completion.output.resumed_from == 3
+    assert np.abs(completion.output.latents - reference.latents).max() < TOL
+    assert (pool.stats.notices, pool.stats.steps_lost) == (1, 0)
+    pool.close(100.0)
+
+
+@pytest.mark.ray
+def test_a_dead_group_member_ends_its_group_and_the_lease_goes_back_to_the_queue(cfg, ray_cluster):
+    ray, path = ray_cluster
+    queue, launcher, pool = _spot_setup(cfg, ray, path)
+    (follower,) = launcher.followers["spot-z/a"]
+    ray.kill(follower, no_restart=True)  # no notice: the node's second GPU is gone
+    for _ in range(100):
+        if pool.stats.actor_deaths:
+            break
+        pool.poll(1.0)
+        ray.get(queue.stats.remote())
+    assert pool.stats.actor_deaths == 1 and "spot-z/a" not in launcher.workers
+    assert pool.stats.leases_requeued == 1, "the group's lease went back to the queue at once"
+    assert ray.get(queue.counts.remote()) == (1, 0)
+    pool.close(1.0)

@@ -96,6 +96,10 @@ class SpotlightConfig(BaseConfig):
         if not isinstance(worker.world_size, int) or worker.world_size < 1:
             raise ConfigError(f"{role}.world_size must be >= 1 (or set {role}.device_mapping), "
                               f"got {worker.world_size!r}")
+        sp = self.elastic.sp_degree
+        if role == "rollout" and worker.world_size % sp:
+            raise ConfigError(f"rollout.world_size={worker.world_size} must be a multiple of elastic.sp_degree={sp}: "
+                              "consecutive rollout ranks form SP groups (set rollout.device_mapping)")
         samples = self.rollout_batch_size * self.train.group_size
         if role == "trainer" and worker.world_size > samples:
             raise ConfigError(f"trainer.world_size={worker.world_size} exceeds the {samples} samples of an "

@@ -63,13 +63,18 @@ class RolloutDispatch(Protocol):
 
 
 class StaticDispatch:
-    """Each rollout rank runs a fixed contiguous share of the batch (ROLL's way; the vanilla baseline)."""
+    """Each rollout rank runs a fixed contiguous share of the batch (ROLL's way; the vanilla baseline).
+    With ``sp_degree`` > 1 the shares are per SP group (ranks ``g*sp .. g*sp+sp-1``): every rank
+    of a group gets its group's share, and the group's first rank returns the outputs."""
 
-    def __init__(self, rollout) -> None:
-        self.rollout = rollout
+    def __init__(self, rollout, sp_degree: int = 1) -> None:
+        self.rollout, self.sp_degree = rollout, sp_degree
 
     def run(self, specs: list) -> list:
-        return concat(self.rollout.rollouts(split_even(specs, self.rollout.world_size)))
+        world, sp = self.rollout.world_size, self.sp_degree
+        shares = split_even(specs, world // sp)
+        outputs = self.rollout.rollouts([shares[rank // sp] for rank in range(world)])
+        return concat(outputs[::sp])
 
     def tick(self) -> None:
         pass

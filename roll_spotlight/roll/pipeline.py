@@ -43,8 +43,8 @@ class SpotlightPipeline(BasePipeline):
         cfg: SpotlightConfig = coerce(pipeline_config)
         check_environment()
         plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
-        if notice := cfg.elastic.rollout_notice():
-            logger.warning(notice)
+        if summary := cfg.elastic.rollout_summary():
+            logger.info(summary)
         cfg.num_gpus_per_node, cfg.num_nodes = self.plan_resources(cfg)
         super().__init__(cfg)
         self.run_config = cfg.to_run_config()
@@ -55,7 +55,26 @@ class SpotlightPipeline(BasePipeline):
         self.store = WeightStore.create(keep=2)  # version t for exploration while t+1 trains
         for cluster in self.clusters.values():
             cluster.initialize(pipeline_config=cfg, base_path=self.base_path, store=self.store, blocking=True)
+        self.sp_rendezvous = self.form_sp_groups()
         self.dispatch = self.make_dispatch()
+
+    def form_sp_groups(self):
+        """With ``elastic.sp_degree`` > 1, the rollout ranks join SP groups of consecutive ranks
+        (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
+        from roll_spotlight.runtime.sp_group import group_memberships
+
+        sp = self.pipeline_config.elastic.sp_degree
+        if sp == 1:
+            return None
+        from roll_spotlight.elastic.rendezvous import RendezvousHost
+
+        single_node = sum(1 for node in ray.nodes() if node["Alive"]) == 1
+        host = RendezvousHost("127.0.0.1" if single_node else ray.util.get_node_ip_address())
+        timeout = self.pipeline_config.elastic.group_timeout_s
+        memberships = [m for first in range(0, self.rollout.world_size, sp)
+                       for m in group_memberships(host.address, f"rollout-{first}", sp, timeout)]
+        self.rollout.join_sp_group(memberships, blocking=True)
+        return host
 
     def plan_resources(self, cfg: SpotlightConfig) -> tuple[int, int]:
         """(num_gpus_per_node, num_nodes) for ROLL's ResourceManager. Override for custom clusters."""
@@ -79,7 +98,7 @@ class SpotlightPipeline(BasePipeline):
 
         cfg = self.pipeline_config
         if cfg.dispatch.mode == "static":
-            return StaticDispatch(self.rollout)
+            return StaticDispatch(self.rollout, cfg.elastic.sp_degree)
         from roll_spotlight.dispatch.actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
@@ -101,7 +120,8 @@ class SpotlightPipeline(BasePipeline):
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("trainer", "rollout"))
         source = policy_source(self.run_config.model, self.base_path)
-        return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand)
+        return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
+                                   sp_degree=cfg.elastic.sp_degree, sp_timeout_s=cfg.elastic.group_timeout_s)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.resource != SPOT_RESOURCE:

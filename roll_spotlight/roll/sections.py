@@ -99,30 +99,33 @@ class SpotConfig(RunSpotConfig):
 class ElasticConfig:
     """Elastic Ulysses sequence parallelism for rollouts (DESIGN.md section 4).
 
-    ``sp_degree`` is the preferred degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on Qwen-Image),
-    the controller's ``preferred_degree``; ``pg_timeout_s`` is the controller's key. With
-    ``enabled`` false groups are fixed and a preemption stops the group until it is replaced.
-
-    The pipeline's rollouts do not use SP groups yet: each image runs on one GPU whatever
-    ``sp_degree`` says, and :meth:`rollout_notice` is the warning logged at start-up.
+    ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
+    Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
+    (`roll_spotlight.runtime.sp_group`), so ``rollout``'s world size must be a multiple of it,
+    and each spot node runs one group. It is also the elastic controller's ``preferred_degree``;
+    ``pg_timeout_s`` is the elastic controller's key. ``group_timeout_s`` is how long a rollout SP
+    group's collectives wait for a member (long enough for a member to load a new weight version
+    while the others wait); a member silent for longer fails its group. With ``enabled`` false
+    groups are fixed and a preemption stops the group until it is replaced.
     """
 
     enabled: bool = True
     sp_degree: int = 1
     pg_timeout_s: float = 10.0
+    group_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _positive_int("elastic.sp_degree", self.sp_degree)
-        _check(math.isfinite(self.pg_timeout_s) and self.pg_timeout_s > 0, "elastic.pg_timeout_s",
-               self.pg_timeout_s, "must be a finite number > 0")
+        for key in ("pg_timeout_s", "group_timeout_s"):
+            value = getattr(self, key)
+            _check(math.isfinite(value) and value > 0, f"elastic.{key}", value, "must be a finite number > 0")
 
-    def rollout_notice(self) -> str | None:
-        """Why this section does not change how rollouts run (None when it would not anyway)."""
+    def rollout_summary(self) -> str | None:
+        """How rollouts run under this section (None at SP 1), logged at start-up."""
         if self.sp_degree == 1:
             return None
-        return (f"elastic.sp_degree={self.sp_degree}: pipeline rollouts run each image on one GPU (SP 1) "
-                "in this version; the elastic SP groups (roll_spotlight.elastic) are not yet wired into "
-                "the rollout workers. The run continues at SP 1.")
+        return (f"elastic.sp_degree={self.sp_degree}: rollouts run in SP groups of {self.sp_degree} "
+                f"consecutive rollout ranks, and each spot node runs one group of {self.sp_degree} workers")
 
     def controller_config(self, num_heads: int):
         """The elastic controller's config (elastic.controller.ElasticConfig) for a model."""
@@ -169,9 +172,9 @@ class SpotlightSections:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
-        if self.model.preset == "tiny" and self.model.num_attention_heads % self.elastic.sp_degree:
-            raise ValueError(f"elastic.sp_degree={self.elastic.sp_degree} must divide "
-                             f"model.num_attention_heads={self.model.num_attention_heads} (Ulysses splits heads)")
+        from roll_spotlight.runtime.sp_group import check_sp_degree
+
+        check_sp_degree(self.model, self.elastic.sp_degree, key="elastic.sp_degree")  # Ulysses splits heads, tokens
         if self.spot.enabled and self.dispatch.mode != "pull":
             raise ValueError(f"spot.enabled needs dispatch.mode=pull (spot workers pull from the queue), "
                              f"got dispatch.mode={self.dispatch.mode!r}")

@@ -53,13 +53,29 @@ class DiffusersRolloutStrategy:
         self.executor = RolloutExecutor(policy)
         self.queue = RequestQueue(QueueConfig())
         self.weight_version = 0
+        self.sp_group = None
+
+    def join_sp(self, membership) -> None:
+        """Become one rank of an SP rollout group (`runtime.sp_group`); blocks until all joined.
+        The group's ranks are then given the same requests: every rank denoises each image with
+        its share of the tokens, and only the leader (rank 0) decodes and returns results."""
+        from roll_spotlight.runtime.sp_group import SPRolloutGroup
+
+        if self.sp_group is not None:
+            self.sp_group.close()
+        self.sp_group = SPRolloutGroup(self.policy, membership)
+
+    @property
+    def leader(self) -> bool:
+        return self.sp_group is None or self.sp_group.leader
 
     @classmethod
     def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersRolloutStrategy":
         return cls(cfg, build_base_policy(cfg, base_path), store)
 
     def rollouts(self, specs: list) -> list:
-        """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch)."""
+        """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch).
+        Every rank of an SP group must be given the same `specs`; its followers return Nones."""
         ids = self.queue.submit(specs)
         while leases := self.queue.pull(LOCAL_WORKER, 1):
             self.queue.complete(leases[0].result(self._run(leases[0])))
@@ -68,18 +84,29 @@ class DiffusersRolloutStrategy:
         return [done[i] for i in ids]
 
     def drain(self, client) -> int:
-        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the count."""
+        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the
+        count. In an SP group the leader pulls and shares each lease (None: the drain ends on every
+        rank); the others' ``client`` is not used."""
         count = 0
-        while leases := client.pull(1):
-            client.complete(leases[0], self._run(leases[0]))
-            count += 1
-        return count
+        while True:
+            lease = None
+            if self.leader:
+                leases = client.pull(1)
+                lease = leases[0] if leases else None
+            if self.sp_group is not None:
+                lease = self.sp_group.share(lease)
+            if lease is None:
+                return count
+            output = self._run(lease)
+            if self.leader:
+                client.complete(lease, output)
+                count += 1
 
     def _run(self, lease):
         from roll_spotlight.runtime.executor import Finished
 
         self._ensure_version(lease.request.weight_version)
-        outcome = self.executor.run(lease)
+        outcome = self.executor.run(lease, decode=self.leader)
         assert isinstance(outcome, Finished), "an on-demand ROLL rank is never asked to stop"
         return outcome.output
 

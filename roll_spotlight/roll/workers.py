@@ -111,6 +111,11 @@ class DiTRolloutWorker(_DiTWorker):
         return self.strategy.rollouts(specs)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_sp_group(self, memberships: list) -> None:
+        """Join this rank's SP rollout group: ``memberships[rank]`` (`runtime.sp_group`)."""
+        self.strategy.join_sp(memberships[self.rank])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def drain(self, queue) -> int:
         """Pull from the run's queue actor until nothing is pending; returns how many ran here."""
         from roll_spotlight.dispatch.actor import QueueClient

@@ -140,7 +140,8 @@ class RayBackend:
 
         self.cluster = cluster or RayClusterConfig()
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
-            self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=2 * cfg.spot.max_workers)
+            slots = 2 * cfg.spot.max_workers * self.cluster.sp_degree  # a node runs one SP group
+            self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=slots)
         if self.cluster.sp_degree > 1:
             from roll_spotlight.runtime.sp_group import check_sp_degree
 
@@ -177,7 +178,8 @@ class RayBackend:
 
         return start_training_pool(cfg.spot, self._path, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
-                                   worker_kwargs=worker_kwargs)
+                                   worker_kwargs=worker_kwargs, sp_degree=self.cluster.sp_degree,
+                                   sp_timeout_s=self.cluster.sp_timeout_s)
 
     def _add_workers(self, prefix: str, resource: str, count: int) -> None:
         """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,

@@ -27,13 +27,10 @@ Failure without notice: a member that dies blocks the others in the group's next
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
-from roll_spotlight.elastic.rendezvous import Rendezvous
-from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
+if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
+    from roll_spotlight.elastic.rendezvous import Rendezvous
 
 __all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "group_memberships"]
 
@@ -43,7 +40,7 @@ class SPMembership:
     """One worker's place in an SP rollout group: where to meet (``rendezvous``, ``prefix``), its
     ``rank`` of ``size``, and the collectives' timeout."""
 
-    rendezvous: Rendezvous
+    rendezvous: "Rendezvous"
     prefix: str
     rank: int
     size: int
@@ -82,6 +79,9 @@ class SPRolloutGroup:
     transformer and its image-token count must be divisible by ``size`` (checked by Ulysses)."""
 
     def __init__(self, policy, membership: SPMembership) -> None:
+        from roll_spotlight.elastic.comm import make_process_group
+        from roll_spotlight.elastic.ulysses import apply_ulysses
+
         self.membership = membership
         self.policy = policy
         self.device = policy.device
@@ -107,13 +107,19 @@ class SPRolloutGroup:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on at least one."""
+        from roll_spotlight.elastic.comm import any_true
+
         return any_true(flag, self.group, self.device)
 
     def share(self, obj: Any) -> Any:
         """The leader's ``obj`` on every rank (the others' argument is ignored)."""
+        from roll_spotlight.elastic.comm import broadcast_object
+
         return broadcast_object(obj, 0, self.group, self.device)
 
     def close(self) -> None:
         """Leave: the policy runs unsharded again (the process group is dropped with this object)."""
+        from roll_spotlight.elastic.ulysses import remove_ulysses
+
         remove_ulysses(self.policy.transformer)
 

@@ -345,14 +345,26 @@ class RayWorkerLauncher:
     ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments per node (tests inject
     ``hold_at_step`` on one node this way). ``policy_path`` is what workers load
     (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
-    node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request)."""
+    node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request).
+
+    ``sp_degree`` > 1: a node gets an SP rollout group (``runtime.sp_group``) of that many workers
+    instead of one; the group is one worker to the pool and the queue (its leader's name), a
+    notice goes to every member, and a kill or a member's death ends the whole group (it cannot
+    run without that member; a notice would have committed its lease first)."""
 
     def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
                  commit_every: int = 0, node_affinity: bool = False, probe_timeout_s: float = 2.0,
-                 stop_timeout_s: float = 60.0,
+                 stop_timeout_s: float = 60.0, sp_degree: int = 1, sp_timeout_s: float = 60.0,
                  worker_kwargs: Callable[[str], Mapping[str, object]] | None = None) -> None:
         if commit_every < 0:
             raise ValueError(f"commit_every must be >= 0, got {commit_every!r}")
+        if sp_degree < 1:
+            raise ValueError(f"sp_degree must be >= 1, got {sp_degree!r}")
+        self.sp_degree, self.sp_timeout_s = sp_degree, sp_timeout_s
+        self.followers: dict[str, list] = {}  # group name -> its other members' handles
+        self._follower_serving: dict[str, list] = {}
+        self._rendezvous = None
+        self._groups_started = 0
         self.policy_path, self.queue, self.store = policy_path, queue, store
         self.resource, self.threads, self.commit_every = resource, threads, commit_every
         self.node_affinity = node_affinity
@@ -372,18 +384,53 @@ class RayWorkerLauncher:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        worker = RolloutWorker.options(**options).remote(
-            name, self.policy_path, self.queue, self.store, threads=self.threads,
-            commit_every=self.commit_every, **self.worker_kwargs(node_id))
+        members = [{}]
+        if self.sp_degree > 1:
+            from roll_spotlight.runtime.sp_group import group_memberships
+
+            self._groups_started += 1  # a fresh prefix per group: a restarted node never meets old keys
+            members = [{"sp": m, "group_name": name} for m in group_memberships(
+                self._rendezvous_address(), f"{name}#{self._groups_started}", self.sp_degree, self.sp_timeout_s)]
+        handles = [RolloutWorker.options(**options).remote(
+            name if rank == 0 else f"{name}/sp{rank}", self.policy_path, self.queue, self.store, threads=self.threads,
+            commit_every=self.commit_every, **self.worker_kwargs(node_id), **extra)
+            for rank, extra in enumerate(members)]
+        worker = handles[0]
         self.workers[name] = worker
         self._ready[name] = worker.stats.remote()
         self._serving[name] = worker.serve.remote()
+        if len(handles) > 1:
+            self.followers[name] = handles[1:]
+            self._follower_serving[name] = [h.serve.remote() for h in handles[1:]]
+            self._ready[name] = [worker.stats.remote()] + [h.stats.remote() for h in handles[1:]]
+
+    def _rendezvous_address(self):
+        if self._rendezvous is None:
+            import ray
+
+            from roll_spotlight.elastic.rendezvous import RendezvousHost
+
+            # loopback unless the workers may sit on other hosts (a real cluster's spot nodes)
+            self._rendezvous = RendezvousHost(ray.util.get_node_ip_address() if self.node_affinity else "127.0.0.1")
+        return self._rendezvous.address
+
+    def _ready_refs(self, name: str) -> list:
+        ref = self._ready[name]
+        return list(ref) if isinstance(ref, list) else [ref]
+
+    def _end_group(self, name: str) -> None:
+        """Kill a group's other members (its leader is handled by the caller)."""
+        import ray
+
+        for handle in self.followers.pop(name, []):
+            ray.kill(handle, no_restart=True)
+        self._follower_serving.pop(name, None)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until every started worker has loaded its policy; False on timeout."""
         import ray
 
-        refs = list(self._ready.values())
+        refs = [ref for name in self._ready for ref in self._ready_refs(name)]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         return len(ready) == len(refs)
 
@@ -400,7 +447,8 @@ class RayWorkerLauncher:
         return self.finished[name]
 
     def notify(self, name: str, seconds_left: float) -> None:
-        self.workers[name].notify_preemption.remote(seconds_left)
+        for worker in [self.workers[name], *self.followers.get(name, [])]:
+            worker.notify_preemption.remote(seconds_left)
 
     def kill(self, name: str) -> int:
         import ray
@@ -408,6 +456,7 @@ class RayWorkerLauncher:
         worker = self.workers.pop(name)
         unsaved = self._unsaved_steps(name, worker)
         ray.kill(worker, no_restart=True)
+        self._end_group(name)
         self._serving.pop(name, None)
         self._ready.pop(name, None)
         return unsaved
@@ -417,8 +466,9 @@ class RayWorkerLauncher:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        ready, _ = ray.wait([self._ready[name]], timeout=0)
-        if not ready:
+        refs = self._ready_refs(name)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if len(ready) < len(refs):
             return 0
         try:
             return int(ray.get(worker.unsaved_steps.remote(), timeout=self.probe_timeout_s))
@@ -431,9 +481,10 @@ class RayWorkerLauncher:
         return int(ray.get(self.queue.worker_lost.remote(name)))
 
     def dead(self) -> list[str]:
-        """Workers whose ``serve()`` ended with the actor dead (not a notice or a stop)."""
+        """Workers whose ``serve()`` ended with the actor dead (not a notice or a stop); for an SP
+        group, also a group one of whose members died (the rest of it is killed: it cannot go on)."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import RayActorError, RayError
 
         refs = {ref: name for name, ref in self._serving.items()}
         if not refs:
@@ -445,26 +496,60 @@ class RayWorkerLauncher:
             del self._serving[name]
             try:
                 self.finished[name] = ray.get(ref)
-            except RayActorError:
+            except (RayActorError, RayError) as err:
+                if not isinstance(err, RayActorError) and name not in self.followers:
+                    raise  # a solo worker's serve() failing is a bug, not a preemption
                 died.append(name)
-                self.workers.pop(name, None)
-                self._ready.pop(name, None)
+                self._drop_group(name)
+        for name in [n for n in self._follower_serving if n in self._serving]:
+            if self._member_died(self._follower_serving[name]):
+                died.append(name)
+                self._serving.pop(name, None)
+                self._drop_group(name)
         return died
+
+    @staticmethod
+    def _member_died(refs: list) -> bool:
+        import ray
+        from ray.exceptions import RayError
+
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayError:
+                return True
+        return False
+
+    def _drop_group(self, name: str) -> None:
+        import ray
+
+        worker = self.workers.pop(name, None)
+        if worker is not None and name in self.followers:
+            ray.kill(worker, no_restart=True)  # a leader left waiting on a dead member
+        self._end_group(name)
+        self._ready.pop(name, None)
 
     def stop_all(self) -> None:
         """Ask every worker to stop after its lease, wait for that, then end the actors."""
         import ray
 
-        for worker in self.workers.values():
+        members = [*self.workers.values(), *(h for group in self.followers.values() for h in group)]
+        for worker in members:
             worker.stop.remote()
-        refs = list(self._serving.values())
+        refs = [*self._serving.values(), *(r for group in self._follower_serving.values() for r in group)]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=self.stop_timeout_s)
-        for worker in self.workers.values():
+        for worker in members:
             ray.kill(worker, no_restart=True)
         self.workers.clear()
+        self.followers.clear()
+        self._follower_serving.clear()
         self._serving.clear()
         self._ready.clear()
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,20 +832,23 @@ def wall_clock() -> Callable[[], float]:
 def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                        ready_timeout_s: float = 120.0) -> TrainingSpotPool:
+                        ready_timeout_s: float = 120.0, sp_degree: int = 1,
+                        sp_timeout_s: float = 60.0) -> TrainingSpotPool:
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
     failure injection); by default the market comes from ``spot`` and the clock is the wall.
     With ``spot.source: cluster`` the pool follows the Ray cluster's own spot nodes instead (see
-    ``start_cluster_pool``)."""
+    ``start_cluster_pool``). ``sp_degree`` > 1: each node runs one SP rollout group of that many
+    workers (``RayWorkerLauncher``)."""
     if spot.source == "cluster" and market is None:
         return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
-                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s)
+                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, sp_degree=sp_degree,
+                                  sp_timeout_s=sp_timeout_s)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 worker_kwargs=worker_kwargs)
+                                 worker_kwargs=worker_kwargs, sp_degree=sp_degree, sp_timeout_s=sp_timeout_s)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
                            SpotPoolConfig(bill_scale=market.config.compression))
     pool.poll(0.0)
@@ -781,7 +869,8 @@ def cluster_prices(spot: SpotConfig) -> PriceTable:
 def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                        source: EventSource | None = None,
                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                       ready_timeout_s: float = 120.0) -> TrainingSpotPool:
+                       ready_timeout_s: float = 120.0, sp_degree: int = 1,
+                       sp_timeout_s: float = 60.0) -> TrainingSpotPool:
     """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
     ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
     for) into events; each such node gets one worker pinned to it (node affinity); a preemption
@@ -789,7 +878,8 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
     ``source`` replaces the watcher (tests)."""
     ledger = CostLedger(cluster_prices(spot))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 node_affinity=True, worker_kwargs=worker_kwargs)
+                                 node_affinity=True, worker_kwargs=worker_kwargs, sp_degree=sp_degree,
+                                 sp_timeout_s=sp_timeout_s)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
                            SpotPoolConfig(bill_scale=1.0))
     pool.poll(0.0)
