@@ -132,6 +132,31 @@ def test_a_notice_on_one_rank_commits_the_group_at_the_same_step_and_a_single_wo
     host.close()
 
 
+def test_a_qwen_image_class_policy_from_a_directory_rolls_out_in_an_sp_group(tmp_path):
+    """The real-model path (VAE, text encoder, transformer loaded from a diffusers directory; a
+    tiny random config of the same classes, 2 heads): an SP group of 2 equals one worker."""
+    from roll_spotlight.models import ModelConfig, build_policy
+    from tests.qwen_helpers import save_tiny_qwen
+
+    model = ModelConfig(preset="qwen_image", path=str(save_tiny_qwen(tmp_path / "qwen")), image_size=32)
+    spec = RequestSpec(0, 'a sign that says "spot"', 321, SCHEDULE, 0, RequestKind.ROLLOUT, 0)
+    reference = RolloutExecutor(build_policy(model)).run(_lease(spec)).output
+    policies = [build_policy(model) for _ in range(2)]
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, "qwen", 2, timeout_s=60)
+
+    def rank_main(rank: int):
+        group = SPRolloutGroup(policies[rank], members[rank])
+        outcome = RolloutExecutor(policies[rank]).run(_lease(spec), lambda: group.any(False), decode=group.leader)
+        group.close()
+        return outcome
+
+    leader, follower = _in_threads(2, rank_main)
+    assert follower.output is None
+    _assert_close(leader.output, reference)
+    host.close()
+
+
 def test_a_degree_that_does_not_split_the_model_is_refused_at_start_up_naming_the_key(cfg):
     check_sp_degree(cfg.model, 4)
     with pytest.raises(ValueError, match=r"runtime\.sp_degree=3 must divide model\.num_attention_heads=4"):

@@ -277,6 +277,8 @@ class RolloutWorker:
         self._release.set()
 
     def unsaved_steps(self) -> int:
+        if not self.leader:  # an SP follower holds no lease; its leader reports the group's steps
+            return 0
         progress = self._progress
         return 0 if progress is None else progress[0] - progress[1]
 

@@ -372,7 +372,7 @@ class RayWorkerLauncher:
         self.worker_kwargs = worker_kwargs or (lambda node_id: {})
         self.workers: dict[str, object] = {}
         self._serving: dict[str, object] = {}  # name -> ObjectRef of serve()
-        self._ready: dict[str, object] = {}  # name -> ObjectRef that resolves once __init__ ran
+        self._ready: dict[str, list] = {}  # name -> ObjectRefs that resolve once its actors' __init__ ran
         self.finished: dict[str, dict] = {}  # name -> counters of a serve() that returned
 
     def start(self, name: str, node_id: str) -> None:
@@ -397,12 +397,11 @@ class RayWorkerLauncher:
             for rank, extra in enumerate(members)]
         worker = handles[0]
         self.workers[name] = worker
-        self._ready[name] = worker.stats.remote()
+        self._ready[name] = [h.stats.remote() for h in handles]
         self._serving[name] = worker.serve.remote()
         if len(handles) > 1:
             self.followers[name] = handles[1:]
             self._follower_serving[name] = [h.serve.remote() for h in handles[1:]]
-            self._ready[name] = [worker.stats.remote()] + [h.stats.remote() for h in handles[1:]]
 
     def _rendezvous_address(self):
         if self._rendezvous is None:
@@ -413,10 +412,6 @@ class RayWorkerLauncher:
             # loopback unless the workers may sit on other hosts (a real cluster's spot nodes)
             self._rendezvous = RendezvousHost(ray.util.get_node_ip_address() if self.node_affinity else "127.0.0.1")
         return self._rendezvous.address
-
-    def _ready_refs(self, name: str) -> list:
-        ref = self._ready[name]
-        return list(ref) if isinstance(ref, list) else [ref]
 
     def _end_group(self, name: str) -> None:
         """Kill a group's other members (its leader is handled by the caller)."""
@@ -430,7 +425,7 @@ class RayWorkerLauncher:
         """Block until every started worker has loaded its policy; False on timeout."""
         import ray
 
-        refs = [ref for name in self._ready for ref in self._ready_refs(name)]
+        refs = [ref for group in self._ready.values() for ref in group]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         return len(ready) == len(refs)
 
@@ -466,7 +461,7 @@ class RayWorkerLauncher:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        refs = self._ready_refs(name)
+        refs = self._ready[name]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         if len(ready) < len(refs):
             return 0
@@ -496,7 +491,7 @@ class RayWorkerLauncher:
             del self._serving[name]
             try:
                 self.finished[name] = ray.get(ref)
-            except (RayActorError, RayError) as err:
+            except RayError as err:  # RayActorError: the actor died; else serve() raised
                 if not isinstance(err, RayActorError) and name not in self.followers:
                     raise  # a solo worker's serve() failing is a bug, not a preemption
                 died.append(name)
