@@ -189,7 +189,9 @@ def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_clust
     try:
         specs = [_spec(seed=777 + i) for i in range(4)]
         outputs = backend.rollouts(specs)
-        stats = {name: ray.get(w.stats.remote()) for name, w in backend.workers.items()}
+        for worker in backend.workers.values():
+            worker.stop.remote()
+        stats = dict(zip(backend.serving, ray.get(list(backend.serving.values()))))  # counters once serve() ended
     finally:
         backend.close()
     single = RolloutExecutor(random_policy(cfg, seed=5))

@@ -178,6 +178,8 @@ class RolloutWorker:
         self._progress: tuple[int, int] | None = None  # (steps reached, last step the queue holds)
         self.events: list[dict] = []
         self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
+        if sp is not None:
+            self.counters["sp_size"] = sp.size
 
     def _ensure_version(self, version: int) -> None:
         if version != self.version:
@@ -207,7 +209,6 @@ class RolloutWorker:
         from roll_spotlight.runtime.sp_group import SPRolloutGroup
 
         group = SPRolloutGroup(self.executor.policy, self.sp)
-        self.counters["sp_size"] = group.size
         idle = 0.002
         try:
             while not group.any(self._stop.is_set() or self._notice.is_set()):

@@ -218,10 +218,9 @@ class RayBackend:
         return self._rendezvous.address
 
     def add_worker(self, name: str, resource: str, _options: Mapping | None = None, **kwargs):
+        # in a placement group the actor still asks for its unit and GPU, out of its bundle (so Ray
+        # sets CUDA_VISIBLE_DEVICES for it)
         options = {"resources": {resource: 1}, "num_gpus": worker_gpus(self._path), "name": None, **(_options or {})}
-        if "scheduling_strategy" in options:  # the placement group's bundle already holds the resources
-            options.pop("resources")
-            options.pop("num_gpus")
         worker = RolloutWorker.options(**options).remote(
             name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor, **kwargs)
         self.workers[name] = worker
