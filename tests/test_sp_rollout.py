@@ -8,6 +8,7 @@ single-worker run to 1e-5 (fp32): bit-identical on CPU, but GPU kernels may reor
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -241,6 +242,8 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     assert np.abs(completion.output.latents - reference.latents).max() < TOL
     stats = ray.get(queue.stats.remote())
     assert (stats.commits, stats.resumed_from_commit) == (1, 1)
+    for worker in [*group, solo]:
+        ray.kill(worker, no_restart=True)  # their ondemand_gpu units go back to the module's cluster
     host.close()
 
 
@@ -325,3 +328,51 @@ def test_sp_rollout_benchmark_reports_sharded_tokens_and_equal_outputs():
     assert result["image_tokens"] == 64
     assert [result["degrees"][d]["image_tokens_per_rank"] for d in ("1", "2")] == [[64], [32]]
     assert result["degrees"]["2"]["max_abs_diff_latents"] < TOL and result["degrees"]["2"]["rollout_median_s"] > 0
+
+
+@pytest.mark.ray
+def test_survivors_of_a_notice_re_form_a_smaller_group_in_place_and_resume_the_committed_lease(
+        cfg, ray_cluster, reference):
+    """A group of 4 workers: member 3 gets a notice at step 3, the group commits; two survivors
+    form a degree-2 group under a fresh prefix (same processes, weights kept: no second fetch) and
+    finish the lease from step 3 with the same result as an uninterrupted rollout."""
+    from roll_spotlight.dispatch import QueueConfig
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+    from roll_spotlight.weights import WeightStore
+
+    ray, path = ray_cluster
+    store = WeightStore.create(keep=1)
+    store.publish(0, random_policy(cfg, seed=5).state_dict())
+    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    host = RendezvousHost("127.0.0.1")
+    first = group_memberships(host.address, "g4#1", 4, timeout_s=60)
+    workers = [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
+        f"w-{r}", str(path), queue, store, sp=first[r], group_name="w-0", hold_at_step=3 if r == 3 else None)
+        for r in range(4)]
+    serving = [w.serve.remote() for w in workers]
+    ray.get(queue.submit.remote([_spec()]))
+    assert ray.get(workers[3].wait_held.remote(60)), "member 3 never reached step 3"
+    workers[3].notify_preemption.remote(5.0)
+    counters = ray.get(serving, timeout=60)
+    assert [c["committed"] for c in counters] == [1, 0, 0, 0] and all(c["steps"] == 3 for c in counters)
+    second = group_memberships(host.address, "g2#2", 2, timeout_s=60)  # a fresh prefix: no stale keys
+    # a re-formed group is a new queue identity: the notice recorded for "w-0" keeps refusing it leases
+    serving = [workers[r].serve.remote(sp=second[r], group_name="w-0#2") for r in range(2)]
+    completion, deadline = None, time.monotonic() + 60
+    while completion is None and time.monotonic() < deadline:
+        if done := ray.get(queue.take_results.remote()):
+            (completion,) = done
+        time.sleep(0.02)
+    for w in workers[:2]:
+        w.stop.remote()
+    counters = ray.get(serving, timeout=60)
+    assert completion is not None and completion.worker == "w-0#2" and completion.output.resumed_from == 3
+    assert np.abs(completion.output.latents - reference.latents).max() < TOL
+    assert np.abs(completion.output.log_probs - reference.log_probs).max() < TOL
+    assert [c["sp_size"] for c in counters] == [2, 2]
+    assert [c["weight_fetches"] for c in counters] == [1, 1], "the survivors kept their weights"
+    assert [c["steps"] for c in counters] == [3 + SCHEDULE.num_steps - 3] * 2
+    for w in workers:
+        ray.kill(w, no_restart=True)
+    host.close()

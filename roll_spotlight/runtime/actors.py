@@ -188,8 +188,21 @@ class RolloutWorker:
             self.version = version
             self.counters["weight_fetches"] += 1
 
-    def serve(self) -> dict:
-        """The pull loop; returns the worker's counters when it stops or is preempted."""
+    def serve(self, sp=None, group_name: str | None = None) -> dict:
+        """The pull loop; returns the worker's counters when it stops or is preempted.
+
+        ``sp`` (with ``group_name``) joins a new SP rollout group for this call, replacing the one
+        given at construction: after a group member's notice made the group commit and return,
+        its surviving workers re-form a group under a fresh prefix with their weights still in
+        memory (no new process, no reload), and the committed lease resumes on it. Give the new
+        group a fresh ``group_name`` too: the queue keeps refusing leases to a name that had a
+        notice (the old group's)."""
+        if sp is not None:
+            from roll_spotlight.dispatch.actor import QueueClient
+
+            self.sp, self.leader = sp, sp.rank == 0
+            self.client = QueueClient(self.client.handle, group_name or self.name)
+            self.counters["sp_size"] = sp.size
         if self.sp is not None:
             return self._serve_group()
         idle = 0.002
