@@ -205,22 +205,48 @@ def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_clust
         "every follower ran each of its leader's steps"
 
 
-@pytest.mark.ray
-def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resumes_it(cfg, ray_cluster, reference):
+def _store_and_queue(cfg):
+    """The weight store with version 0 (the reference weights) and a queue actor."""
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.actor import create_queue_actor
-    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
     from roll_spotlight.weights import WeightStore
 
-    ray, path = ray_cluster
     store = WeightStore.create(keep=1)
     store.publish(0, random_policy(cfg, seed=5).state_dict())
-    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    return store, create_queue_actor(QueueConfig(lease_s=60.0))
+
+
+def _group_actors(path, queue, store, host, name: str, size: int, hold_rank: int) -> list:
+    """``size`` RolloutWorker actors ``name-r`` forming one group known to the queue as ``name-0``;
+    rank ``hold_rank`` parks after step 3."""
+    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+
+    members = group_memberships(host.address, f"{name}#1", size, timeout_s=60)
+    return [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
+        f"{name}-{r}", str(path), queue, store, sp=members[r], group_name=f"{name}-0",
+        hold_at_step=3 if r == hold_rank else None) for r in range(size)]
+
+
+def _wait_for_completion(ray, queue, tick=lambda: None, timeout_s: float = 60.0):
+    """The queue's one completion, polled until ``timeout_s`` (``tick`` runs between polls)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if done := ray.get(queue.take_results.remote()):
+            (completion,) = done
+            return completion
+        tick()
+        time.sleep(0.02)
+    raise AssertionError(f"no completion within {timeout_s} s")
+
+
+@pytest.mark.ray
+def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resumes_it(cfg, ray_cluster, reference):
+    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+
+    ray, path = ray_cluster
+    store, queue = _store_and_queue(cfg)
     host = RendezvousHost("127.0.0.1")
-    members = group_memberships(host.address, "g", 2, timeout_s=60)
-    group = [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
-        f"g-{r}", str(path), queue, store, sp=members[r], group_name="g-0", hold_at_step=3 if r == 1 else None)
-        for r in range(2)]
+    group = _group_actors(path, queue, store, host, "g", 2, hold_rank=1)
     serving = [w.serve.remote() for w in group]
     ray.get(queue.submit.remote([_spec()]))
     assert ray.get(group[1].wait_held.remote(60)), "the follower never reached step 3"
@@ -230,15 +256,10 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     assert (follower_stats["committed"], follower_stats["steps"]) == (0, 3)
     solo = RolloutWorker.options(resources={ONDEMAND: 1}).remote("solo", str(path), queue, store)
     solo_serving = solo.serve.remote()
-    completion = None
-    for _ in range(600):
-        if done := ray.get(queue.take_results.remote()):
-            (completion,) = done
-            break
-        ray.get(solo.stats.remote())  # a round trip instead of a sleep
+    completion = _wait_for_completion(ray, queue)
     solo.stop.remote()
     ray.get(solo_serving, timeout=60)
-    assert completion is not None and completion.worker == "solo" and completion.output.resumed_from == 3
+    assert completion.worker == "solo" and completion.output.resumed_from == 3
     assert np.abs(completion.output.latents - reference.latents).max() < TOL
     stats = ray.get(queue.stats.remote())
     assert (stats.commits, stats.resumed_from_commit) == (1, 1)
@@ -261,13 +282,7 @@ def _spot_launcher(cfg, path, queue, store):
 
 
 def _spot_setup(cfg, ray, path):
-    from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
-    from roll_spotlight.weights import WeightStore
-
-    store = WeightStore.create(keep=1)
-    store.publish(0, random_policy(cfg, seed=5).state_dict())
-    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    store, queue = _store_and_queue(cfg)
     launcher, pool = _spot_launcher(cfg, path, queue, store)
     pool.poll(0.0)  # node a: an SP group of two workers
     assert launcher.wait_ready(60) and set(launcher.followers) == {"spot-z/a"}
@@ -282,15 +297,9 @@ def test_a_spot_node_runs_an_sp_group_that_commits_on_notice_and_the_next_node_r
     queue, launcher, pool = _spot_setup(cfg, ray, path)
     pool.poll(95.0)  # node b joins (its own group); node a's notice reaches both of a's workers
     assert launcher.wait_stopped("spot-z/a", 60)["committed"] == 1
-    completion = None
-    for _ in range(600):
-        pool.poll(95.0)
-        if done := ray.get(queue.take_results.remote()):
-            (completion,) = done
-            break
-        ray.get(launcher.workers["spot-z/b"].stats.remote())
+    completion = _wait_for_completion(ray, queue, tick=lambda: pool.poll(95.0))
     pool.poll(100.0)
-    assert completion is not None and completion.worker == "spot-z/b" and completion.output.resumed_from == 3
+    assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
     assert np.abs(completion.output.latents - reference.latents).max() < TOL
     assert (pool.stats.notices, pool.stats.steps_lost) == (1, 0)
     pool.close(100.0)
@@ -336,38 +345,24 @@ def test_survivors_of_a_notice_re_form_a_smaller_group_in_place_and_resume_the_c
     """A group of 4 workers: member 3 gets a notice at step 3, the group commits; two survivors
     form a degree-2 group under a fresh prefix (same processes, weights kept: no second fetch) and
     finish the lease from step 3 with the same result as an uninterrupted rollout."""
-    from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
-    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
-    from roll_spotlight.weights import WeightStore
-
     ray, path = ray_cluster
-    store = WeightStore.create(keep=1)
-    store.publish(0, random_policy(cfg, seed=5).state_dict())
-    queue = create_queue_actor(QueueConfig(lease_s=60.0))
+    store, queue = _store_and_queue(cfg)
     host = RendezvousHost("127.0.0.1")
-    first = group_memberships(host.address, "g4#1", 4, timeout_s=60)
-    workers = [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
-        f"w-{r}", str(path), queue, store, sp=first[r], group_name="w-0", hold_at_step=3 if r == 3 else None)
-        for r in range(4)]
+    workers = _group_actors(path, queue, store, host, "w", 4, hold_rank=3)
     serving = [w.serve.remote() for w in workers]
     ray.get(queue.submit.remote([_spec()]))
     assert ray.get(workers[3].wait_held.remote(60)), "member 3 never reached step 3"
     workers[3].notify_preemption.remote(5.0)
     counters = ray.get(serving, timeout=60)
     assert [c["committed"] for c in counters] == [1, 0, 0, 0] and all(c["steps"] == 3 for c in counters)
-    second = group_memberships(host.address, "g2#2", 2, timeout_s=60)  # a fresh prefix: no stale keys
+    second = group_memberships(host.address, "w#2", 2, timeout_s=60)  # a fresh prefix: no stale keys
     # a re-formed group is a new queue identity: the notice recorded for "w-0" keeps refusing it leases
     serving = [workers[r].serve.remote(sp=second[r], group_name="w-0#2") for r in range(2)]
-    completion, deadline = None, time.monotonic() + 60
-    while completion is None and time.monotonic() < deadline:
-        if done := ray.get(queue.take_results.remote()):
-            (completion,) = done
-        time.sleep(0.02)
+    completion = _wait_for_completion(ray, queue)
     for w in workers[:2]:
         w.stop.remote()
     counters = ray.get(serving, timeout=60)
-    assert completion is not None and completion.worker == "w-0#2" and completion.output.resumed_from == 3
+    assert completion.worker == "w-0#2" and completion.output.resumed_from == 3
     assert np.abs(completion.output.latents - reference.latents).max() < TOL
     assert np.abs(completion.output.log_probs - reference.log_probs).max() < TOL
     assert [c["sp_size"] for c in counters] == [2, 2]

@@ -12,9 +12,8 @@ re-formed group never meets keys of an older one.
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pickle
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist

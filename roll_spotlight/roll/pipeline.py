@@ -61,15 +61,12 @@ class SpotlightPipeline(BasePipeline):
     def form_sp_groups(self):
         """With ``elastic.sp_degree`` > 1, the rollout ranks join SP groups of consecutive ranks
         (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
-        from roll_spotlight.runtime.sp_group import group_memberships
+        from roll_spotlight.runtime.sp_group import group_memberships, open_rendezvous
 
         sp = self.pipeline_config.elastic.sp_degree
         if sp == 1:
             return None
-        from roll_spotlight.elastic.rendezvous import RendezvousHost
-
-        single_node = sum(1 for node in ray.nodes() if node["Alive"]) == 1
-        host = RendezvousHost("127.0.0.1" if single_node else ray.util.get_node_ip_address())
+        host = open_rendezvous(all_local=sum(1 for node in ray.nodes() if node["Alive"]) == 1)
         timeout = self.pipeline_config.elastic.group_timeout_s
         memberships = [m for first in range(0, self.rollout.world_size, sp)
                        for m in group_memberships(host.address, f"rollout-{first}", sp, timeout)]

@@ -87,14 +87,12 @@ class DiffusersRolloutStrategy:
         """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the
         count. In an SP group the leader pulls and shares each lease (None: the drain ends on every
         rank); the others' ``client`` is not used."""
+        def pull():
+            return next(iter(client.pull(1)), None)
+
         count = 0
         while True:
-            lease = None
-            if self.leader:
-                leases = client.pull(1)
-                lease = leases[0] if leases else None
-            if self.sp_group is not None:
-                lease = self.sp_group.share(lease)
+            lease = pull() if self.sp_group is None else self.sp_group.lead(pull)
             if lease is None:
                 return count
             output = self._run(lease)

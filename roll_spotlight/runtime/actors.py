@@ -165,9 +165,11 @@ class RolloutWorker:
 
         _torch_setup(threads)
         self.name, self.store, self.kinds = name, store, kinds
-        self.sp = sp
-        self.leader = sp is None or sp.rank == 0
-        self.client = QueueClient(queue, group_name or name)
+        self.client = QueueClient(queue, name)
+        self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
+        self.sp, self.leader = None, True
+        if sp is not None:
+            self._set_group(sp, group_name)
         self.executor = RolloutExecutor(load_policy(policy_path), commit_every=commit_every)
         self.version: int | None = None
         self._stop = threading.Event()
@@ -177,9 +179,6 @@ class RolloutWorker:
         self._release = threading.Event()
         self._progress: tuple[int, int] | None = None  # (steps reached, last step the queue holds)
         self.events: list[dict] = []
-        self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
-        if sp is not None:
-            self.counters["sp_size"] = sp.size
 
     def _ensure_version(self, version: int) -> None:
         if version != self.version:
@@ -198,11 +197,7 @@ class RolloutWorker:
         group a fresh ``group_name`` too: the queue keeps refusing leases to a name that had a
         notice (the old group's)."""
         if sp is not None:
-            from roll_spotlight.dispatch.actor import QueueClient
-
-            self.sp, self.leader = sp, sp.rank == 0
-            self.client = QueueClient(self.client.handle, group_name or self.name)
-            self.counters["sp_size"] = sp.size
+            self._set_group(sp, group_name)
         if self.sp is not None:
             return self._serve_group()
         idle = 0.002
@@ -216,6 +211,13 @@ class RolloutWorker:
             self._run(leases[0])
         return dict(self.counters)
 
+    def _set_group(self, sp, group_name: str | None) -> None:
+        from roll_spotlight.dispatch.actor import QueueClient
+
+        self.sp, self.leader = sp, sp.rank == 0
+        self.client = QueueClient(self.client.handle, group_name or self.name)
+        self.counters["sp_size"] = sp.size
+
     def _serve_group(self) -> dict:
         """The pull loop of an SP group member (protocol in `runtime.sp_group`): the leader pulls,
         every rank runs the lease, stop decisions are collective."""
@@ -225,11 +227,7 @@ class RolloutWorker:
         idle = 0.002
         try:
             while not group.any(self._stop.is_set() or self._notice.is_set()):
-                lease = None
-                if group.leader:
-                    leases = self.client.pull(1, kinds=self.kinds)
-                    lease = leases[0] if leases else None
-                lease = group.share(lease)
+                lease = group.lead(lambda: next(iter(self.client.pull(1, kinds=self.kinds)), None))
                 if lease is None:
                     if group.leader:  # the others wait in the next collective
                         time.sleep(idle)

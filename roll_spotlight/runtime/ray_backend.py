@@ -196,8 +196,8 @@ class RayBackend:
         from roll_spotlight.runtime.sp_group import group_memberships
 
         gpus = worker_gpus(self._path)
+        bundle = {resource: 1.0, **({"GPU": float(gpus)} if gpus else {})}
         for first in range(0, count, degree):
-            bundle = {resource: 1.0, **({"GPU": float(gpus)} if gpus else {})}
             pg = placement_group([bundle] * degree, strategy="STRICT_PACK")
             ray.get(pg.ready())
             self._placement_groups.append(pg)
@@ -211,10 +211,9 @@ class RayBackend:
     def _rendezvous_address(self):
         """Where SP groups meet: a file store on a local cluster, a TCP store on this host otherwise."""
         if self._rendezvous is None:
-            from roll_spotlight.elastic.rendezvous import RendezvousHost
+            from roll_spotlight.runtime.sp_group import open_rendezvous
 
-            host = "127.0.0.1" if not self.cluster.address else ray.util.get_node_ip_address()
-            self._rendezvous = RendezvousHost(host)
+            self._rendezvous = open_rendezvous(all_local=not self.cluster.address)
         return self._rendezvous.address
 
     def add_worker(self, name: str, resource: str, _options: Mapping | None = None, **kwargs):

@@ -11,7 +11,7 @@ policy's transformer; from then on the group serves the request queue as one wor
         stop?  = a rank got a notice                               (all-reduce MAX)
         rank 0 completes the result, or commits the in-flight state
 
-Only rank 0 (the leader) talks to the queue, under its own worker name; the others learn each lease
+Only rank 0 (the leader) talks to the queue, under the group's name; the others learn each lease
 from it. A notice to any member makes the whole group commit after the step in hand, because the
 group cannot continue without that member; the committed state is the full latent at a step
 boundary, so any worker or group of any degree resumes it. The decisions are collectives, so the
@@ -28,12 +28,12 @@ Failure without notice: a member that dies blocks the others in the group's next
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
-    from roll_spotlight.elastic.rendezvous import Rendezvous
+    from roll_spotlight.elastic.rendezvous import Rendezvous, RendezvousHost
 
-__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "group_memberships"]
+__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "group_memberships", "open_rendezvous"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,16 @@ def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> N
     if model_cfg.num_attention_heads % degree or tokens % degree:
         raise ValueError(f"{key}={degree} must divide model.num_attention_heads={model_cfg.num_attention_heads} "
                          f"and the image-token count {tokens} (model.image_size={model_cfg.image_size})")
+
+
+def open_rendezvous(all_local: bool) -> "RendezvousHost":
+    """Where SP groups meet (a Ray driver hosts it): a private file store when every member runs
+    on this host, else a TCP store on this host's address."""
+    import ray
+
+    from roll_spotlight.elastic.rendezvous import RendezvousHost
+
+    return RendezvousHost("127.0.0.1" if all_local else ray.util.get_node_ip_address())
 
 
 def group_memberships(rendezvous: Rendezvous, name: str, size: int, timeout_s: float = 60.0) -> list[SPMembership]:
@@ -112,11 +122,12 @@ class SPRolloutGroup:
 
         return any_true(flag, self.group, self.device)
 
-    def share(self, obj: Any) -> Any:
-        """The leader's ``obj`` on every rank (the others' argument is ignored)."""
+    def lead(self, pull: Callable[[], Any]) -> Any:
+        """What the leader's ``pull()`` returns (a lease, or None), on every rank; only the leader
+        calls ``pull``."""
         from roll_spotlight.elastic.comm import broadcast_object
 
-        return broadcast_object(obj, 0, self.group, self.device)
+        return broadcast_object(pull() if self.leader else None, 0, self.group, self.device)
 
     def close(self) -> None:
         """Leave: the policy runs unsharded again (the process group is dropped with this object)."""

@@ -405,12 +405,10 @@ class RayWorkerLauncher:
 
     def _rendezvous_address(self):
         if self._rendezvous is None:
-            import ray
-
-            from roll_spotlight.elastic.rendezvous import RendezvousHost
+            from roll_spotlight.runtime.sp_group import open_rendezvous
 
             # loopback unless the workers may sit on other hosts (a real cluster's spot nodes)
-            self._rendezvous = RendezvousHost(ray.util.get_node_ip_address() if self.node_affinity else "127.0.0.1")
+            self._rendezvous = open_rendezvous(all_local=not self.node_affinity)
         return self._rendezvous.address
 
     def _end_group(self, name: str) -> None:
