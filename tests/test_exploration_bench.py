@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from roll_spotlight.exploration.bench import METHODS, main, run_planner_bench
+from roll_spotlight.exploration.bench import METHODS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
 from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, Constant, random_prompt_set, reward_of
 
 
@@ -55,3 +55,28 @@ def test_rewards_are_a_pure_function_of_the_seed():
     dist = random_prompt_set(3, 4)[1]
     assert reward_of(3, 1, dist, 12345) == reward_of(3, 1, dist, 12345)
     assert len({reward_of(3, 1, dist, s) for s in range(50)}) > 1 or dist.variance == 0
+
+
+def test_budget_sweep_rows_equal_the_bench_at_that_budget():
+    small = dict(seeds=2, n_prompts=8, group_size=4, seeds_per_pull=2, workers=3, preempted_workers=1)
+    rows = run_budget_sweep([3, 6], **small)
+    assert [(r["seeds_per_prompt"], r["budget_pulls"]) for r in rows] == [(3.0, 12), (6.0, 24)]
+    direct = run_planner_bench(budget_pulls=24, methods=SWEEP_METHODS, **small)
+    for key in ("planner_over_uniform", "planner_over_uniform_no_abandon", "planner_over_oracle",
+                "oracle_over_uniform", "oracle_over_uniform_no_abandon"):
+        assert rows[1][key] == direct[key], key
+    with pytest.raises(ValueError, match="seeds per prompt"):
+        run_budget_sweep([0], **small)
+
+
+def test_main_budget_sweep(capsys):
+    args = ["--seeds", "1", "--n-prompts", "6", "--group-size", "4", "--budget-pulls", "12", "--workers", "2",
+            "--preempted-workers", "0"]
+    assert main([*args, "--budget-sweep", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [row["seeds_per_prompt"] for row in result["budget_sweep"]] == [4.0]
+    assert main([*args, "--budget-sweep", "4"]) == 0
+    assert "budget 4 seeds/prompt: planner/uniform" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*args, "--budget-sweep", "-1"])
+    assert "--budget-sweep values must be > 0" in capsys.readouterr().err

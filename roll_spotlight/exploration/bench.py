@@ -222,6 +222,32 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
     return _report(setup, seeds, scores, infos, decision_ms)
 
 
+SWEEP_METHODS = ("planner", "uniform", "uniform_no_abandon", "oracle")
+
+
+def run_budget_sweep(seeds_per_prompt: Sequence[float], seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
+                     seeds_per_pull: int = 4, workers: int = 8, preempted_workers: int = 2) -> list[dict]:
+    """The headline ratios at several budgets, given as explored seeds per batch prompt.
+
+    How much any allocation can gain depends on the budget: with a few seeds per prompt the
+    selection has little to choose from unless seeds are concentrated, with many the round robin
+    already gives every prompt enough. One row per budget; the same prompt sets for every row.
+    """
+    rows = []
+    for per_prompt in seeds_per_prompt:
+        if per_prompt <= 0:
+            raise ValueError(f"seeds per prompt must be > 0, got {per_prompt}")
+        budget_pulls = max(1, round(per_prompt * n_prompts / seeds_per_pull))
+        result = run_planner_bench(seeds=seeds, n_prompts=n_prompts, group_size=group_size,
+                                   budget_pulls=budget_pulls, seeds_per_pull=seeds_per_pull, workers=workers,
+                                   preempted_workers=preempted_workers, methods=SWEEP_METHODS)
+        rows.append({"seeds_per_prompt": budget_pulls * seeds_per_pull / n_prompts, "budget_pulls": budget_pulls,
+                     **{key: result[key] for key in ("planner_over_uniform", "planner_over_uniform_no_abandon",
+                                                     "planner_over_oracle", "oracle_over_uniform",
+                                                     "oracle_over_uniform_no_abandon")}})
+    return rows
+
+
 def _ratio(scores: dict, a: str, b: str) -> tuple[float | None, float | None]:
     if a not in scores or b not in scores:
         return None, None
@@ -268,6 +294,10 @@ def _format(result: dict) -> str:
                 "decision_time_ms_per_pull"):
         value = result[key]
         lines.append(f"{key}: {value:.3f}" if value is not None else f"{key}: n/a")
+    for row in result.get("budget_sweep", []):
+        lines.append(f"budget {row['seeds_per_prompt']:g} seeds/prompt: planner/uniform {row['planner_over_uniform']:.3f}, "
+                     f"planner/plain round robin {row['planner_over_uniform_no_abandon']:.3f}, "
+                     f"planner/oracle {row['planner_over_oracle']:.3f}, oracle/uniform {row['oracle_over_uniform']:.3f}")
     return "\n".join(lines)
 
 
@@ -281,11 +311,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-pulls", type=int, default=None)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--preempted-workers", type=int, default=2)
+    parser.add_argument("--budget-sweep", type=float, nargs="+", metavar="SEEDS_PER_PROMPT", default=None,
+                        help="also run the planner, both round robins and the oracle at these budgets "
+                             "(explored seeds per batch prompt); adds 'budget_sweep' to the result")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = parser.parse_args(argv)
-    result = run_planner_bench(seeds=args.seeds, n_prompts=args.n_prompts, group_size=args.group_size,
-                               budget_pulls=args.budget_pulls, seeds_per_pull=args.seeds_per_pull,
-                               workers=args.workers, preempted_workers=args.preempted_workers)
+    common = dict(seeds=args.seeds, n_prompts=args.n_prompts, group_size=args.group_size,
+                  seeds_per_pull=args.seeds_per_pull, workers=args.workers, preempted_workers=args.preempted_workers)
+    if args.budget_sweep is not None and any(v <= 0 for v in args.budget_sweep):
+        parser.error(f"--budget-sweep values must be > 0, got {args.budget_sweep}")
+    result = run_planner_bench(budget_pulls=args.budget_pulls, **common)
+    if args.budget_sweep is not None:
+        result["budget_sweep"] = run_budget_sweep(args.budget_sweep, **common)
     print(jsonlib.dumps(result, indent=2) if args.json else _format(result))
     return 0
 
