@@ -227,6 +227,17 @@ def _group_actors(path, queue, store, host, name: str, size: int, hold_rank: int
         hold_at_step=3 if r == hold_rank else None) for r in range(size)]
 
 
+def _group_noticed_at_step_3(ray, path, queue, store, host, name: str, size: int, hold_rank: int):
+    """A group of ``size`` actors serves one request; rank ``hold_rank`` gets a notice at step 3.
+    Returns the actors and every member's counters once ``serve()`` ended."""
+    actors = _group_actors(path, queue, store, host, name, size, hold_rank)
+    serving = [w.serve.remote() for w in actors]
+    ray.get(queue.submit.remote([_spec()]))
+    assert ray.get(actors[hold_rank].wait_held.remote(60)), f"rank {hold_rank} never reached step 3"
+    actors[hold_rank].notify_preemption.remote(5.0)
+    return actors, ray.get(serving, timeout=60)
+
+
 def _wait_for_completion(ray, queue, tick=lambda: None, timeout_s: float = 60.0):
     """The queue's one completion, polled until ``timeout_s`` (``tick`` runs between polls)."""
     deadline = time.monotonic() + timeout_s
@@ -246,12 +257,8 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     ray, path = ray_cluster
     store, queue = _store_and_queue(cfg)
     host = RendezvousHost("127.0.0.1")
-    group = _group_actors(path, queue, store, host, "g", 2, hold_rank=1)
-    serving = [w.serve.remote() for w in group]
-    ray.get(queue.submit.remote([_spec()]))
-    assert ray.get(group[1].wait_held.remote(60)), "the follower never reached step 3"
-    group[1].notify_preemption.remote(5.0)
-    leader_stats, follower_stats = ray.get(serving, timeout=60)
+    group, (leader_stats, follower_stats) = _group_noticed_at_step_3(ray, path, queue, store, host, "g", 2,
+                                                                     hold_rank=1)
     assert (leader_stats["committed"], leader_stats["completed"], leader_stats["steps"]) == (1, 0, 3)
     assert (follower_stats["committed"], follower_stats["steps"]) == (0, 3)
     solo = RolloutWorker.options(resources={ONDEMAND: 1}).remote("solo", str(path), queue, store)
@@ -348,12 +355,7 @@ def test_survivors_of_a_notice_re_form_a_smaller_group_in_place_and_resume_the_c
     ray, path = ray_cluster
     store, queue = _store_and_queue(cfg)
     host = RendezvousHost("127.0.0.1")
-    workers = _group_actors(path, queue, store, host, "w", 4, hold_rank=3)
-    serving = [w.serve.remote() for w in workers]
-    ray.get(queue.submit.remote([_spec()]))
-    assert ray.get(workers[3].wait_held.remote(60)), "member 3 never reached step 3"
-    workers[3].notify_preemption.remote(5.0)
-    counters = ray.get(serving, timeout=60)
+    workers, counters = _group_noticed_at_step_3(ray, path, queue, store, host, "w", 4, hold_rank=3)
     assert [c["committed"] for c in counters] == [1, 0, 0, 0] and all(c["steps"] == 3 for c in counters)
     second = group_memberships(host.address, "w#2", 2, timeout_s=60)  # a fresh prefix: no stale keys
     # a re-formed group is a new queue identity: the notice recorded for "w-0" keeps refusing it leases

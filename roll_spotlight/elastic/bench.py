@@ -21,9 +21,10 @@ text width, 8 heads and as many layers as ``model_mb`` asks (2 layers = 316 MB f
 on a tiny 4x4 token grid with 16 text tokens so compute does not drown the regroup cost on a CPU.
 ``sp_max_abs_diff`` compares the degree-2 step with the same step on one process (SP=1).
 
-Both paths end with the same denoising step, which on these CPUs is itself about 0.09 s, measured (each rank reads
-all 316 MB of weights for 32 tokens: memory-bound) and so caps ``speedup``. To separate what recovery
-costs from that compute, each warm repeat runs the step once more on the unchanged group
+Both paths end with the same denoising step, which on these CPUs itself takes about 0.09 s
+(measured: each rank reads all 316 MB of weights for 32 tokens, memory-bound) and so caps
+``speedup``. To separate what recovery costs from that compute, each warm repeat runs the step once
+more on the unchanged group
 (``steady_step_s``); ``warm_overhead_median_s`` is the median of (warm total - that steady step),
 ``cold_overhead_median_s`` the cold median minus the median steady step, and
 ``speedup_overhead_only`` their ratio. ``speedup`` (step included) stays the headline figure.
@@ -82,7 +83,7 @@ def _publish_all(controller) -> float:
 
 
 def _warm_once(controller, spec: QwenModelSpec, gpu: int, request: RolloutRequest) -> dict[str, float]:
-    """Kill one member; time newcomer weights + regroup + one step."""
+    """Kill one member; time newcomer weights + regroup + one step, then that step once more."""
     import ray
 
     standby = _worker(replace(spec, init_seed=1000 + gpu), gpu)
