@@ -18,8 +18,6 @@ from pathlib import Path
 
 def run(config: str, overrides: list[str], model: str | None, per_prompt: int, bank: int,
         sigmas: list[float]) -> dict:
-    import torch
-
     from roll_spotlight.configuration import load_config
     from roll_spotlight.models import load_tiny_policy
     from roll_spotlight.training.config import RunConfig
@@ -32,7 +30,6 @@ def run(config: str, overrides: list[str], model: str | None, per_prompt: int, b
         meta = meta | {"path": model}
     else:
         policy, meta = load_or_pretrain(cfg)
-    torch.manual_seed(0)
     probes = probe_set(per_prompt)
     t0 = time.monotonic()
     measured = model_errors(policy, probes, sigmas)

@@ -20,8 +20,10 @@ from typing import Sequence
 
 import numpy as np
 
-SHAPES = ("circle", "square", "triangle")
-COLORS = ("red", "green", "blue", "yellow")
+from roll_spotlight.tasks.shapes.spec import COLORS as PALETTE
+from roll_spotlight.tasks.shapes.spec import SHAPES
+
+COLORS = tuple(PALETTE)
 SWAPS = ("true", "shape_swapped", "color_swapped")
 
 
@@ -97,6 +99,9 @@ def posterior_errors(probes: ProbeSet, sigmas: Sequence[float], size: int, bank:
     """{sigma: {swap: x_0 MSE}} of the posterior mean over ``bank`` renders of the conditioning prompt."""
     if bank < 2:
         raise ValueError(f"bank must be >= 2, got {bank!r}")
+    bad = [s for s in sigmas if not 0 < s < 1]
+    if bad:
+        raise ValueError(f"sigmas must be in (0, 1), got {bad}")
     x0 = rendered(probes.prompts, probes.seeds, size)
     eps = _noise((len(probes.prompts), size, size, 3), noise_seed + 1)
     banks: dict[str, np.ndarray] = {}
@@ -105,8 +110,6 @@ def posterior_errors(probes: ProbeSet, sigmas: Sequence[float], size: int, bank:
         banks[prompt] = rendered([prompt] * bank, range(bank_seed_base, bank_seed_base + bank), size)
     out = {}
     for sigma in sigmas:
-        if not 0 < sigma < 1:
-            raise ValueError(f"sigmas must be in (0, 1), got {sigma!r}")
         xt = (1 - sigma) * x0 + sigma * eps
         row = {}
         for swap in SWAPS:
