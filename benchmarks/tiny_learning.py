@@ -19,11 +19,13 @@ def run(config: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:
     from roll_spotlight.configuration import load_config
     from roll_spotlight.training.config import RunConfig
     from roll_spotlight.training.evaluate import paired_gain
-    from roll_spotlight.training.loop import run_training
+    from roll_spotlight.training.loop import check_startup, run_training
 
+    configs = {seed: load_config(RunConfig, config, [*overrides, f"seed={seed}"]) for seed in seeds}
+    for cfg in configs.values():  # a bad key or reward fails here, before any seed trains
+        check_startup(cfg)
     results = {}
-    for seed in seeds:
-        cfg = load_config(RunConfig, config, [*overrides, f"seed={seed}"])
+    for seed, cfg in configs.items():
         t0 = time.monotonic()
         res = run_training(cfg, out / f"{cfg.exp_name}-seed{seed}")
         results[seed] = res.summary() | {"curve": res.curve, "wall_s": time.monotonic() - t0}
