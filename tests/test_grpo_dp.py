@@ -96,6 +96,7 @@ def _rank_main(rank: int, world: int, problem_path: str, init_file: str, out_dir
                        whole_groups=np.tile(batch.group_ids, world))
         identical = _train(copy.deepcopy(policy), twice, AllReduceGradients())
         torch.save({"sharded": sharded, "identical": identical}, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears its connections down while a peer may still be using them
     finally:
         dist.destroy_process_group()
 
