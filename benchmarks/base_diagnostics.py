@@ -32,12 +32,12 @@ def run(config: str, overrides: list[str], model: str | None, per_prompt: int, b
         policy, meta = load_or_pretrain(cfg)
     probes = probe_set(per_prompt)
     t0 = time.monotonic()
-    measured = model_errors(policy, probes, sigmas)
+    measured = model_errors(policy, probes, sigmas, layout=cfg.task.layout)
     t1 = time.monotonic()
-    reference = posterior_errors(probes, sigmas, policy.cfg.image_size, bank)
+    reference = posterior_errors(probes, sigmas, policy.cfg.image_size, bank, layout=cfg.task.layout)
     return {
         "kind": "base: measured on this machine; reference: computed (posterior mean over renders)",
-        "config": config, "overrides": overrides, "base": Path(meta["path"]).name if meta.get("path") else None,
+        "config": config, "overrides": overrides, "layout": cfg.task.layout, "base": Path(meta["path"]).name if meta.get("path") else None,
         "base_val_strict": meta.get("base_val_strict"), "probe_images": len(probes.prompts), "bank": bank,
         "base_x0_mse": measured, "reference_x0_mse": reference,
         "base_swap_cost": swap_costs(measured), "reference_swap_cost": swap_costs(reference),

@@ -39,3 +39,59 @@ def test_pretrain_is_deterministic_and_saves_the_average(tmp_path, monkeypatch):
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_schedule_sigmas_follow_the_samplers_shift():
+    import numpy as np
+
+    from roll_spotlight.flow_grpo import sigma_schedule
+    from roll_spotlight.flow_grpo.schedule import shift_sigmas
+
+    pc = _cfg("pretrain.sigma_sampling=schedule").pretrain
+    sigmas = P._draw_sigmas(np.random.default_rng(0), pc, image_seq_len=256)
+    assert sigmas.dtype == torch.float32 and sigmas.shape == (pc.batch_size,)
+    draws = torch.cat([P._draw_sigmas(np.random.default_rng(s), pc, 256) for s in range(2000)])
+    assert 0 < float(draws.min()) and float(draws.max()) <= 1
+    # u uniform through the shift: P(sigma > shift(0.5)) = 1/2, and the sampler's own grid is the same shift
+    assert abs(float((draws > shift_sigmas(torch.tensor(0.5), 256)).float().mean()) - 0.5) < 0.03
+    grid = sigma_schedule(10, 256, shift_terminal=None)[:-1].double()
+    torch.testing.assert_close(shift_sigmas(torch.linspace(1.0, 0.1, 10, dtype=torch.float64), 256), grid)
+    logit = torch.cat([P._draw_sigmas(np.random.default_rng(s), _cfg().pretrain, 256) for s in range(2000)])
+    assert float((logit > 0.9).float().mean()) < 0.05 < float((draws > 0.9).float().mean())
+
+
+def test_base_key_covers_layout_sigmas_and_loss_floor():
+    keys = {P.base_key(_cfg(*o)) for o in ([], ["task.layout=slots"], ["pretrain.sigma_sampling=schedule"],
+                                             ["pretrain.loss_min_sigma=0.3"])}
+    assert len(keys) == 4
+
+
+def test_loss_floor_reweights_the_x0_error(monkeypatch):
+    """With the floor at 1 the pretraining loss is the plain x_0 MSE."""
+    import numpy as np
+
+    from roll_spotlight.models import build_policy
+    from roll_spotlight.training.tasks import task_vocab, train_pool
+
+    torch.manual_seed(0)
+    cfg = _cfg("pretrain.loss_min_sigma=1.0", "pretrain.learning_rate=1e-12")
+    policy = build_policy(cfg.model, vocab=task_vocab(cfg.task))
+    pool = train_pool(cfg.task)
+    seen = {}
+    velocity = policy.velocity
+
+    def spy(xt, sigma, cond):
+        out = velocity(xt, sigma, cond)
+        seen.update(xt=xt, sigma=sigma, v=out)
+        return out
+
+    monkeypatch.setattr(policy, "velocity", spy)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    loss = P._pretrain_step(policy, opt, pool, np.random.default_rng(3), cfg, step=0)
+    s = seen["sigma"].view(-1, 1, 1)
+    x0_hat = (seen["xt"] - s * seen["v"]).detach()
+    rng = np.random.default_rng(3)  # replay the draws to get x_0
+    ids = rng.integers(0, len(pool), size=cfg.pretrain.batch_size)
+    seeds = rng.integers(0, 2**31 - 1, size=cfg.pretrain.batch_size)
+    x0 = policy.encode_images(P._render_batch(pool, ids, seeds, cfg.model.image_size, cfg.task.layout))
+    assert abs(loss - float(((x0_hat - x0) ** 2).mean())) < 1e-5

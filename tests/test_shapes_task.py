@@ -161,6 +161,38 @@ def test_layout_respects_relation_margin_and_gaps():
         assert len(detect(render(p.spec, seed=i))) == p.spec.objects[0].count
 
 
+@pytest.mark.parametrize("tag", TAGS)
+def test_slot_layout_is_legible_and_keeps_objects_apart(tag):
+    from roll_spotlight.tasks.shapes.render import _fits
+
+    for i, p in enumerate(make_prompt_set("train", 40, seed=8, tags=[tag])):
+        boxes = layout(p.spec, seed=i, style="slots")
+        assert len(boxes) == sum(o.count for o in p.spec.objects)
+        assert all(_fits(box, boxes[:k], gap=2) for k, box in enumerate(boxes))
+        assert all(1 <= b.top and b.top + b.side <= 31 and 1 <= b.left and b.left + b.side <= 31 for b in boxes)
+        assert score(render(p.spec, seed=i, style="slots"), p.spec).strict == 1.0
+        assert score(render(p.spec, seed=i, size=64, style="slots"), p.spec).strict == 1.0
+
+
+def test_slot_layout_follows_the_relation_and_varies_with_the_seed():
+    spec = parse_prompt("a red circle above a blue square")
+    for seed in range(20):
+        a, b = (box.centroid() for box in layout(spec, seed=seed, style="slots"))
+        assert b[0] - a[0] > RELATION_MARGIN * 32 and abs(a[1] - b[1]) <= 4
+    pair = parse_prompt("two green triangles")
+    axes = {layout(pair, seed=s, style="slots")[0].top == layout(pair, seed=s, style="slots")[1].top
+            for s in range(20)}
+    assert axes == {True, False}  # side by side for some seeds, stacked for others
+    singles = {layout(parse_prompt("a square"), seed=s, style="slots")[0] for s in range(20)}
+    assert len(singles) > 5       # jitter, size and the free colour differ between seeds
+    assert np.array_equal(render(spec, 3, style="slots"), render(spec, 3, style="slots"))
+
+
+def test_layout_rejects_an_unknown_style():
+    with pytest.raises(ValueError, match="style"):
+        layout(parse_prompt("a square"), seed=0, style="grid")
+
+
 # ---- detector --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tag", TAGS)

@@ -46,6 +46,12 @@ def _time_shift(t: torch.Tensor, mu: float, time_shift_type: str) -> torch.Tenso
     raise ValueError(f"time_shift_type={time_shift_type!r} is not one of {_TIME_SHIFT_TYPES}")
 
 
+def shift_sigmas(t: torch.Tensor, image_seq_len: int) -> torch.Tensor:
+    """Qwen-Image's resolution shift applied to raw times `t` in (0, 1] (no terminal stretch):
+    `shift_sigmas(u, n)` for u uniform draws sigmas at the density the sampler visits them."""
+    return _time_shift(t, calculate_shift(image_seq_len), "exponential")
+
+
 def _stretch_to_terminal(sigmas: torch.Tensor, shift_terminal: float) -> torch.Tensor:
     one_minus = 1.0 - sigmas
     scale = one_minus[-1] / (1.0 - shift_terminal)

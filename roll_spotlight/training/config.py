@@ -25,13 +25,19 @@ def _require(cond: bool, key: str, value, rule: str) -> None:
 
 @dataclass
 class TaskConfig:
-    """The prompt source. `shapes` is the embedded GenEval-like tiny task."""
+    """The prompt source. `shapes` is the embedded GenEval-like tiny task.
+
+    `layout` is how the renderer places the objects of the scenes the base is pretrained on
+    (`tasks.shapes.render.layout`): "free" anywhere, "slots" in a few canonical slots. The detector
+    and so every reward accept either, whatever the model draws.
+    """
 
     name: Literal["shapes"] = "shapes"
     train_prompts: int = 2048
     val_prompts: int = 256
     tags: tuple[str, ...] | None = None
     prompt_seed: int = 1234
+    layout: Literal["free", "slots"] = "free"
 
     def __post_init__(self) -> None:
         _require(self.train_prompts >= 1, "task.train_prompts", self.train_prompts, "must be >= 1")
@@ -117,6 +123,12 @@ class PretrainConfig:
     seed: int = 0
     eval_samples: int = 128
     ema_decay: float = 0.995   # the saved base is this moving average of the weights; 0 saves the last step
+    # where the training sigmas come from: "logit_normal" (sigmoid of a standard normal, as in SD3) or
+    # "schedule" (u uniform in (0, 1] through the sampler's resolution shift: the sigmas sampling visits)
+    sigma_sampling: Literal["logit_normal", "schedule"] = "logit_normal"
+    # x_0-predicting models: the x_0 error is weighted 1 / max(sigma, loss_min_sigma)^2 (the velocity
+    # loss); a larger floor moves weight from the near-clean steps to the ones that set layout and shape
+    loss_min_sigma: float = 0.05
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "pretrain.steps", self.steps, "must be >= 1")
@@ -124,6 +136,7 @@ class PretrainConfig:
         _require(self.learning_rate > 0, "pretrain.learning_rate", self.learning_rate, "must be > 0")
         _require(self.warmup_steps >= 0, "pretrain.warmup_steps", self.warmup_steps, "must be >= 0")
         _require(0 <= self.ema_decay < 1, "pretrain.ema_decay", self.ema_decay, "must be in [0, 1)")
+        _require(0 < self.loss_min_sigma <= 1, "pretrain.loss_min_sigma", self.loss_min_sigma, "must be in (0, 1]")
 
 
 @dataclass

@@ -58,11 +58,11 @@ def probe_set(per_prompt: int, colors: Sequence[str] = COLORS, seed_base: int = 
     return ProbeSet(tuple(prompts), tuple(seeds), tuple(shape_sw), tuple(color_sw))
 
 
-def rendered(prompts: Sequence[str], seeds: Sequence[int], size: int) -> np.ndarray:
-    """float32 (B, H, W, 3) renders in [-1, 1]."""
+def rendered(prompts: Sequence[str], seeds: Sequence[int], size: int, layout: str = "free") -> np.ndarray:
+    """float32 (B, H, W, 3) renders in [-1, 1] (`layout`: the renderer's style, see `render.layout`)."""
     from roll_spotlight.tasks.shapes import parse_prompt, render
 
-    images = np.stack([render(parse_prompt(p), int(s), size=size) for p, s in zip(prompts, seeds)])
+    images = np.stack([render(parse_prompt(p), int(s), size=size, style=layout) for p, s in zip(prompts, seeds)])
     return images.astype(np.float32) / 127.5 - 1.0
 
 
@@ -70,12 +70,13 @@ def _noise(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 0xD1A6]).standard_normal(shape).astype(np.float32)
 
 
-def model_errors(policy, probes: ProbeSet, sigmas: Sequence[float], noise_seed: int = 0) -> dict:
+def model_errors(policy, probes: ProbeSet, sigmas: Sequence[float], noise_seed: int = 0,
+                 layout: str = "free") -> dict:
     """{sigma: {swap: x_0 MSE}} of ``policy`` (a tiny DiT policy) on the probe set."""
     import torch
 
     size = policy.cfg.image_size
-    x0_img = rendered(probes.prompts, probes.seeds, size)
+    x0_img = rendered(probes.prompts, probes.seeds, size, layout)
     x0 = policy.encode_images(torch.from_numpy(x0_img).permute(0, 3, 1, 2) * 0.5 + 0.5)
     eps = torch.from_numpy(_noise(tuple(x0.shape), noise_seed))
     conds = {swap: policy.encode_prompts(list(probes.variant(swap))) for swap in SWAPS}
@@ -95,19 +96,19 @@ def model_errors(policy, probes: ProbeSet, sigmas: Sequence[float], noise_seed: 
 
 
 def posterior_errors(probes: ProbeSet, sigmas: Sequence[float], size: int, bank: int,
-                     noise_seed: int = 0, bank_seed_base: int = 30_000_000) -> dict:
+                     noise_seed: int = 0, bank_seed_base: int = 30_000_000, layout: str = "free") -> dict:
     """{sigma: {swap: x_0 MSE}} of the posterior mean over ``bank`` renders of the conditioning prompt."""
     if bank < 2:
         raise ValueError(f"bank must be >= 2, got {bank!r}")
     bad = [s for s in sigmas if not 0 < s < 1]
     if bad:
         raise ValueError(f"sigmas must be in (0, 1), got {bad}")
-    x0 = rendered(probes.prompts, probes.seeds, size)
+    x0 = rendered(probes.prompts, probes.seeds, size, layout)
     eps = _noise((len(probes.prompts), size, size, 3), noise_seed + 1)
     banks: dict[str, np.ndarray] = {}
     needed = {p for swap in SWAPS for p in probes.variant(swap)}
     for prompt in sorted(needed):
-        banks[prompt] = rendered([prompt] * bank, range(bank_seed_base, bank_seed_base + bank), size)
+        banks[prompt] = rendered([prompt] * bank, range(bank_seed_base, bank_seed_base + bank), size, layout)
     out = {}
     for sigma in sigmas:
         xt = (1 - sigma) * x0 + sigma * eps

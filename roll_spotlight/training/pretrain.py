@@ -25,7 +25,6 @@ from roll_spotlight.training.averaging import lerp_average
 from roll_spotlight.training.config import RunConfig
 
 log = logging.getLogger(__name__)
-MIN_LOSS_SIGMA = 0.05
 FORMAT_VERSION = 2   # 2: scene sizes by object count, x_0-predicting tiny model
 
 
@@ -42,7 +41,7 @@ def base_key(cfg: RunConfig) -> str:
 
     payload = {"model": to_dict(cfg.model), "pretrain": to_dict(cfg.pretrain),
                "task": {"prompt_seed": cfg.task.prompt_seed, "train_prompts": cfg.task.train_prompts,
-                        "tags": cfg.task.tags, "vocab": list(task_vocab(cfg.task))},
+                        "tags": cfg.task.tags, "vocab": list(task_vocab(cfg.task)), "layout": cfg.task.layout},
                "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -66,10 +65,10 @@ def load_or_pretrain(cfg: RunConfig, *, progress: bool = True):
     return policy, extra | {"path": str(path)}
 
 
-def _render_batch(pool, ids: np.ndarray, seeds: np.ndarray, size: int) -> torch.Tensor:
+def _render_batch(pool, ids: np.ndarray, seeds: np.ndarray, size: int, style: str) -> torch.Tensor:
     from roll_spotlight.tasks.shapes import parse_prompt, render
 
-    images = [render(parse_prompt(pool.texts[i]), int(s), size=size) for i, s in zip(ids, seeds)]
+    images = [render(parse_prompt(pool.texts[i]), int(s), size=size, style=style) for i, s in zip(ids, seeds)]
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255.0
 
 
@@ -123,16 +122,16 @@ def _pretrain_step(policy, opt, pool, rng, cfg: RunConfig, step: int) -> float:
     pc = cfg.pretrain
     ids = rng.integers(0, len(pool), size=pc.batch_size)
     seeds = rng.integers(0, 2**31 - 1, size=pc.batch_size)
-    x0 = policy.encode_images(_render_batch(pool, ids, seeds, cfg.model.image_size))
-    sigma = torch.sigmoid(torch.from_numpy(rng.standard_normal(pc.batch_size)).float())
+    x0 = policy.encode_images(_render_batch(pool, ids, seeds, cfg.model.image_size, cfg.task.layout))
+    sigma = _draw_sigmas(rng, pc, policy.image_seq_len)
     eps = torch.from_numpy(rng.standard_normal(x0.shape)).float()
     s = sigma.view(-1, *([1] * (x0.dim() - 1)))
     xt = (1 - s) * x0 + s * eps
     cond = policy.encode_prompts([pool.texts[i] for i in ids])
     err = (policy.velocity(xt, sigma, cond) - (eps - x0)) ** 2
     if policy.cfg.prediction == "sample":
-        # v_hat - v = (x_0 - x_0_hat) / sigma: cap that 1/sigma^2 weight at sigma = MIN_LOSS_SIGMA
-        err = err * (s / s.clamp(min=MIN_LOSS_SIGMA)) ** 2
+        # v_hat - v = (x_0 - x_0_hat) / sigma: cap that 1/sigma^2 weight at sigma = loss_min_sigma
+        err = err * (s / s.clamp(min=pc.loss_min_sigma)) ** 2
     loss = err.mean()
     for group in opt.param_groups:
         group["lr"] = _lr_at(step, pc)
@@ -141,6 +140,16 @@ def _pretrain_step(policy, opt, pool, rng, cfg: RunConfig, step: int) -> float:
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
     opt.step()
     return float(loss.detach())
+
+
+def _draw_sigmas(rng: np.random.Generator, pc, image_seq_len: int) -> torch.Tensor:
+    """Training sigmas of one batch (see `PretrainConfig.sigma_sampling`)."""
+    if pc.sigma_sampling == "schedule":
+        from roll_spotlight.flow_grpo.schedule import shift_sigmas
+
+        u = torch.from_numpy(1.0 - rng.random(pc.batch_size))  # (0, 1]
+        return shift_sigmas(u, image_seq_len).float()
+    return torch.sigmoid(torch.from_numpy(rng.standard_normal(pc.batch_size)).float())
 
 
 def _base_quality(policy, cfg: RunConfig) -> dict:

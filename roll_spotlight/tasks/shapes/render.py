@@ -23,6 +23,16 @@ GAP_32 = 2                # min empty pixels between objects at size 32
 BORDER_32 = 1             # min empty pixels to the image edge at size 32
 RELATION_MARGIN = 0.25    # centroid offset along the relation axis, as a fraction of the size
 _MAX_TRIES = 200
+LAYOUTS = ("free", "slots")
+# slot layouts at size 32: (centre y, centre x) of each slot, side range and jitter (px) by object count
+_SLOTS_32 = {
+    1: (((16.0, 16.0),), (12, 16), 3),
+    2: (((16.0, 8.5), (16.0, 23.5)), (9, 12), 1),      # a horizontal pair; transposed for a vertical one
+    3: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (8, 10), 1),
+    4: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (8, 10), 1),
+}
+_HORIZONTAL = {"left of": False, "right of": True}   # relation -> whether the first object takes the right slot
+_VERTICAL = {"above": False, "below": True}          # relation -> whether the first object takes the lower slot
 
 
 @dataclass(frozen=True)
@@ -112,11 +122,55 @@ def _try_layout(spec: SceneSpec, rng: np.random.Generator, size: int) -> list[Pl
     return placed
 
 
-def layout(spec: SceneSpec, seed: int, size: int = 32) -> list[Placement]:
-    """The placements of a scene; a pure function of (spec, seed, size)."""
+def _slot_centres(spec: SceneSpec, n: int, rng: np.random.Generator) -> list[tuple[float, float]]:
+    """Slot centres at size 32 in instance order: the relation fixes a pair's axis and order,
+    the seed fixes everything else (a pair's axis and order, which grid cell three objects leave empty)."""
+    slots = list(_SLOTS_32[n][0])
+    if n == 2:
+        vertical = spec.relation in _VERTICAL if spec.relation is not None else bool(rng.integers(2))
+        if vertical:
+            slots = [(x, y) for y, x in slots]
+        swap = (_VERTICAL | _HORIZONTAL)[spec.relation] if spec.relation is not None else bool(rng.integers(2))
+        return slots[::-1] if swap else slots
+    if n >= 3:
+        order = rng.permutation(len(slots))[:n]
+        return [slots[i] for i in order]
+    return slots
+
+
+def _slot_layout(spec: SceneSpec, rng: np.random.Generator, size: int) -> list[Placement]:
+    instances = _instances(spec, rng)
+    n = len(instances)
+    (lo, hi), jitter = _SLOTS_32[n][1], _SLOTS_32[n][2]
+    scale = size / 32
+    placed = []
+    for (shape, color), (cy, cx) in zip(instances, _slot_centres(spec, n, rng)):
+        side = _scaled(int(rng.integers(lo, hi + 1)), size)
+        dy, dx = (int(v) for v in rng.integers(-jitter, jitter + 1, size=2))
+        top = int(round(cy * scale - side / 2)) + _scaled(abs(dy), size) * int(np.sign(dy))
+        left = int(round(cx * scale - side / 2)) + _scaled(abs(dx), size) * int(np.sign(dx))
+        border = _scaled(BORDER_32, size)
+        top, left = (min(max(v, border), size - border - side) for v in (top, left))
+        placed.append(Placement(shape, color, top, left, side))
+    return placed
+
+
+def layout(spec: SceneSpec, seed: int, size: int = 32, style: str = "free") -> list[Placement]:
+    """The placements of a scene; a pure function of (spec, seed, size, style).
+
+    `style="free"`: objects anywhere (rejection sampling). `style="slots"`: objects in a few
+    canonical slots, jittered by a pixel or three: one object centred, two side by side or stacked
+    (a relation fixes which and in what order), three or four in the cells of a 2x2 grid. Slots
+    take much of the layout's randomness away, which is what lets a tiny DiT settle the layout
+    from the prompt early in sampling and spend the later steps on the shapes.
+    """
     if size < 16:
         raise ValueError(f"size={size!r} must be >= 16 for legible shapes")
+    if style not in LAYOUTS:
+        raise ValueError(f"layout style={style!r} is not one of {LAYOUTS}")
     rng = np.random.default_rng(seed)
+    if style == "slots":
+        return _slot_layout(spec, rng, size)
     for _ in range(_MAX_TRIES):
         placed = _try_layout(spec, rng, size)
         if placed is not None:
@@ -124,11 +178,11 @@ def layout(spec: SceneSpec, seed: int, size: int = 32) -> list[Placement]:
     raise AssertionError(f"no layout found for {spec!r} at size {size}")  # unreachable at sizes >= 16
 
 
-def render(spec: SceneSpec, seed: int, size: int = 32) -> np.ndarray:
-    """uint8 (size, size, 3) image of the scene; deterministic in (spec, seed, size)."""
+def render(spec: SceneSpec, seed: int, size: int = 32, style: str = "free") -> np.ndarray:
+    """uint8 (size, size, 3) image of the scene; deterministic in (spec, seed, size, style)."""
     image = np.empty((size, size, 3), dtype=np.uint8)
     image[:] = BACKGROUND
-    for box in layout(spec, seed, size):
+    for box in layout(spec, seed, size, style):
         region = image[box.top:box.top + box.side, box.left:box.left + box.side]
         region[shape_mask(box.shape, box.side, box.side)] = COLORS[box.color]
     return image
