@@ -80,3 +80,22 @@ def test_main_budget_sweep(capsys):
     with pytest.raises(SystemExit):
         main([*args, "--budget-sweep", "-1"])
     assert "--budget-sweep values must be > 0" in capsys.readouterr().err
+
+
+def test_first_seed_shifts_the_bench_seed_range():
+    small = dict(n_prompts=6, group_size=4, budget_pulls=12, workers=2, preempted_workers=0,
+                 methods=("planner", "uniform"))
+    both = run_planner_bench(seeds=2, **small)
+    second = run_planner_bench(seeds=1, first_seed=1, **small)
+    assert second["setup"]["first_seed"] == 1 and both["setup"]["first_seed"] == 0
+    for method in ("planner", "uniform"):
+        assert second["methods"][method]["per_seed"] == both["methods"][method]["per_seed"][1:]
+    with pytest.raises(ValueError, match="first_seed"):
+        run_planner_bench(seeds=1, first_seed=-1, **small)
+
+
+def test_main_first_seed(capsys):
+    args = ["--seeds", "1", "--n-prompts", "6", "--group-size", "4", "--budget-pulls", "12", "--workers", "2",
+            "--preempted-workers", "0", "--json"]
+    assert main([*args, "--first-seed", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["first_seed"] == 3

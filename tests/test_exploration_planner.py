@@ -333,6 +333,41 @@ def test_bandit_spreads_concurrent_pulls_over_prompts():
     assert set(concurrent) == {"a", "b"}
 
 
+def _pooled_index_of(prompt, donor_rewards, own_rewards):
+    """The pooled bandit's index of ``prompt`` after every donor and ``prompt`` got one pull."""
+    cfg = config(group_size=4, seeds_per_pull=4, predicted_train_s=1000.0, mc_draws=256, prior_strength=4.0,
+                 abandon_zero_variance=False)
+    table = {**{f"d{i}": r for i, r in enumerate(donor_rewards)}, prompt: own_rewards}
+    planner = BanditPlanner(cfg, list(table))
+    for _ in table:
+        pull = planner.next_pull(0.0)
+        for seed, r in zip(pull.seeds, table[pull.prompt_id]):
+            planner.observe(pull.prompt_id, seed, r, 1.0)
+    return planner._score(planner.batch.index(prompt), planner._arms[prompt])
+
+
+def test_pooled_base_measure_keeps_each_donor_prompt_together():
+    # Both populations pool the same rewards (half 0s, half 1s). With constant donors, one
+    # hypothetical future of "narrow" borrows only 0s or only 1s (one donor per Monte Carlo row),
+    # so more seeds are worth less than with binary donors, whose every row holds both extremes.
+    # A flat pool of rewards (draws mixing prompts) values the two populations the same.
+    narrow = [0.45, 0.5, 0.55, 0.6]
+    constant_donors = _pooled_index_of("narrow", [[0.0] * 4, [1.0] * 4] * 3, narrow)
+    binary_donors = _pooled_index_of("narrow", [[0.0, 1.0, 0.0, 1.0]] * 6, narrow)
+    assert 0 < constant_donors < 0.8 * binary_donors
+
+
+def test_monte_carlo_columns_do_not_change_when_more_are_needed():
+    # Common random numbers across look-ahead widths: an arm evaluated with more columns must see
+    # the same first columns (the uniforms are regenerated when a wider look-ahead needs more).
+    planner = BanditPlanner(config(mc_draws=8), ["a"])
+    narrow = [u.copy() for u in planner._columns(4)]
+    wide = planner._columns(40)
+    for before, after in zip(narrow, wide):
+        assert after.shape == (8, 40)
+        assert np.array_equal(before, after[:, :4])
+
+
 # ---- selection ------------------------------------------------------------------------------------
 
 def test_selection_uses_max_variance_and_tops_up_with_fresh_seeds():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from roll_spotlight.exploration.prior import PopulationPrior, PriorConfig
+from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig
 from roll_spotlight.exploration.value import shrunk_predictive_draws
 
 
@@ -74,3 +74,34 @@ def test_shrunk_predictive_mixes_own_and_prior_draws_by_sample_count():
     assert set(np.unique(few)) == {-1.0, 0.5} and set(np.unique(many)) == {-1.0, 0.5}
     assert (few == -1.0).mean() == pytest.approx(0.5, abs=0.05)
     assert (many == -1.0).mean() == pytest.approx(0.05, abs=0.02)
+
+
+def donor_pool_with(donors, **kwargs):
+    pool = DonorPool(**kwargs)
+    for row, rewards in enumerate(donors):
+        for reward in rewards:
+            pool.append(row, float(reward))
+    return pool
+
+
+def test_donor_pool_draws_one_donor_per_monte_carlo_row():
+    pool = donor_pool_with([[0.0] * 4, [1.0] * 4, [0.25, 0.75]])
+    rng = np.random.default_rng(3)
+    draws = pool.draw(rng.random(600), rng.random((600, 6)))
+    assert draws.shape == (600, 6)
+    constant_rows = np.isin(draws, [0.0]).all(axis=1) | np.isin(draws, [1.0]).all(axis=1)
+    mixed_rows = np.isin(draws, [0.25, 0.75]).all(axis=1)
+    assert (constant_rows | mixed_rows).all(), "a row never mixes two donors' rewards"
+    for share in (np.isin(draws[:, 0], [0.0]).mean(), np.isin(draws[:, 0], [1.0]).mean(), mixed_rows.mean()):
+        assert share == pytest.approx(1 / 3, abs=0.07), "donors are uniform over prompts, not over rewards"
+
+
+def test_donor_pool_excludes_the_prompt_itself_and_grows():
+    pool = donor_pool_with([[0.5, 0.6], [0.1] * 20], capacity=1, width=2)  # small: exercises growth
+    assert pool.rows == 2
+    rng = np.random.default_rng(4)
+    u_row, u_value = rng.random(50), rng.random((50, 3))
+    assert np.array_equal(pool.draw(u_row, u_value, exclude=0), np.full((50, 3), 0.1))
+    assert set(np.unique(pool.draw(u_row, u_value, exclude=1))) <= {0.5, 0.6}
+    assert donor_pool_with([[0.3]]).draw(u_row, u_value, exclude=0) is None
+    assert DonorPool().draw(u_row, u_value) is None

@@ -13,7 +13,7 @@ from roll_spotlight.exploration.planner import (
     UniformPlanner,
     seed_stream,
 )
-from roll_spotlight.exploration.prior import PopulationPrior, PriorConfig
+from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig
 from roll_spotlight.exploration.rank import RankMonitor, RankReport, kendall_tau_b, spearman_rho
 from roll_spotlight.exploration.select import (
     SELECTORS,
@@ -28,6 +28,7 @@ from roll_spotlight.exploration.select import (
 __all__ = [
     "BanditPlanner",
     "CostModel",
+    "DonorPool",
     "ExplorationBudget",
     "OraclePlanner",
     "PlannerConfig",

@@ -28,6 +28,10 @@ so it isolates the value of the allocation itself (``planner_over_uniform_with_a
 number under an explicit name); ``planner_over_uniform_no_abandon`` is against plain round robin,
 so it also credits abandonment. ``oracle_over_uniform`` / ``oracle_over_uniform_no_abandon`` show
 how much room any allocation has on this prompt mix and budget. The JSON's ``baselines`` says so.
+
+The bench seeds are 0..``seeds``-1 unless ``--first-seed`` shifts them: tune planner settings on
+another range (e.g. ``--first-seed 100 --seeds 40``) and report 0..19, so the reported ratios are
+not fitted to their own prompt sets.
 """
 from __future__ import annotations
 
@@ -200,18 +204,22 @@ def _spread(values: Sequence[float]) -> dict:
 
 def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8, budget_pulls: int | None = None,
                       seeds_per_pull: int = 4, workers: int = 8, preempted_workers: int = 2,
-                      methods: Sequence[str] = METHODS) -> dict:
+                      methods: Sequence[str] = METHODS, first_seed: int = 0) -> dict:
     """Run every method on ``seeds`` synthetic prompt sets; returns a JSON-serialisable dict.
 
-    ``budget_pulls`` defaults to the round robin giving every prompt 3 * group_size seeds.
+    ``budget_pulls`` defaults to the round robin giving every prompt 3 * group_size seeds. The bench
+    seeds are ``first_seed .. first_seed + seeds - 1``: tune the planner on a range other than the
+    one reported (0..19), so the reported ratios are not fitted to their own prompt sets.
     """
+    if isinstance(first_seed, bool) or not isinstance(first_seed, int) or first_seed < 0:
+        raise ValueError(f"first_seed must be an integer >= 0, got {first_seed!r}")
     if budget_pulls is None:
         budget_pulls = 3 * n_prompts * group_size // seeds_per_pull
     setup = BenchSetup(n_prompts, group_size, seeds_per_pull, budget_pulls, workers, preempted_workers)
     scores: dict[str, list[float]] = {m: [] for m in methods}
     infos: dict[str, list[dict]] = {m: [] for m in methods}
     decision_ms: dict[str, list[float]] = {m: [] for m in methods if m.startswith("planner")}
-    for bench_seed in range(seeds):
+    for bench_seed in range(first_seed, first_seed + seeds):
         task = _make_task(bench_seed, n_prompts)
         for method in methods:
             score, decision_s, info = _run_method(method, setup, task)
@@ -219,14 +227,15 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
             infos[method].append(info)
             if method in decision_ms:
                 decision_ms[method].extend(1e3 * d for d in decision_s)
-    return _report(setup, seeds, scores, infos, decision_ms)
+    return _report(setup, seeds, first_seed, scores, infos, decision_ms)
 
 
 SWEEP_METHODS = ("planner", "uniform", "uniform_no_abandon", "oracle")
 
 
 def run_budget_sweep(seeds_per_prompt: Sequence[float], seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
-                     seeds_per_pull: int = 4, workers: int = 8, preempted_workers: int = 2) -> list[dict]:
+                     seeds_per_pull: int = 4, workers: int = 8, preempted_workers: int = 2,
+                     first_seed: int = 0) -> list[dict]:
     """The headline ratios at several budgets, given as explored seeds per batch prompt.
 
     How much any allocation can gain depends on the budget: with a few seeds per prompt the
@@ -240,7 +249,8 @@ def run_budget_sweep(seeds_per_prompt: Sequence[float], seeds: int = 20, n_promp
         budget_pulls = max(1, round(per_prompt * n_prompts / seeds_per_pull))
         result = run_planner_bench(seeds=seeds, n_prompts=n_prompts, group_size=group_size,
                                    budget_pulls=budget_pulls, seeds_per_pull=seeds_per_pull, workers=workers,
-                                   preempted_workers=preempted_workers, methods=SWEEP_METHODS)
+                                   preempted_workers=preempted_workers, methods=SWEEP_METHODS,
+                                   first_seed=first_seed)
         rows.append({"seeds_per_prompt": budget_pulls * seeds_per_pull / n_prompts, "budget_pulls": budget_pulls,
                      **{key: result[key] for key in ("planner_over_uniform", "planner_over_uniform_no_abandon",
                                                      "planner_over_oracle", "oracle_over_uniform",
@@ -256,7 +266,7 @@ def _ratio(scores: dict, a: str, b: str) -> tuple[float | None, float | None]:
     return of_means, per_seed
 
 
-def _report(setup: BenchSetup, seeds: int, scores: dict, infos: dict, decision_ms: dict) -> dict:
+def _report(setup: BenchSetup, seeds: int, first_seed: int, scores: dict, infos: dict, decision_ms: dict) -> dict:
     over_uniform, over_uniform_med = _ratio(scores, "planner", "uniform")
     over_oracle, over_oracle_med = _ratio(scores, "planner", "oracle")
     methods = {m: {"selected_variance": _spread(v), "per_seed": v,
@@ -265,7 +275,7 @@ def _report(setup: BenchSetup, seeds: int, scores: dict, infos: dict, decision_m
                for m, v in scores.items()}
     planner_ms = decision_ms.get("planner", [])
     return {
-        "setup": {**setup.__dict__, "seeds": seeds},
+        "setup": {**setup.__dict__, "seeds": seeds, "first_seed": first_seed},
         "baselines": BASELINES,
         "ratio_statistic": "ratio of per-method means over bench seeds; *_median: median of per-seed ratios",
         "planner_over_uniform": over_uniform,
@@ -305,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``spotlight bench planner [--json] [--seeds N] ...``: run the benchmark and print it."""
     parser = argparse.ArgumentParser(prog="spotlight bench planner", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="first bench seed (default 0); tune on another range than the one you report")
     parser.add_argument("--n-prompts", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seeds-per-pull", type=int, default=4)
@@ -316,8 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(explored seeds per batch prompt); adds 'budget_sweep' to the result")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = parser.parse_args(argv)
-    common = dict(seeds=args.seeds, n_prompts=args.n_prompts, group_size=args.group_size,
-                  seeds_per_pull=args.seeds_per_pull, workers=args.workers, preempted_workers=args.preempted_workers)
+    common = dict(seeds=args.seeds, first_seed=args.first_seed, n_prompts=args.n_prompts,
+                  group_size=args.group_size, seeds_per_pull=args.seeds_per_pull, workers=args.workers,
+                  preempted_workers=args.preempted_workers)
     if args.budget_sweep is not None and any(v <= 0 for v in args.budget_sweep):
         parser.error(f"--budget-sweep values must be > 0, got {args.budget_sweep}")
     result = run_planner_bench(budget_pulls=args.budget_pulls, **common)
