@@ -26,10 +26,10 @@ _MAX_TRIES = 200
 LAYOUTS = ("free", "slots")
 # slot layouts at size 32: (centre y, centre x) of each slot, side range and jitter (px) by object count
 _SLOTS_32 = {
-    1: (((16.0, 16.0),), (12, 16), 3),
-    2: (((16.0, 8.5), (16.0, 23.5)), (9, 12), 1),      # a horizontal pair; transposed for a vertical one
-    3: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (8, 10), 1),
-    4: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (8, 10), 1),
+    1: (((16.0, 16.0),), (13, 15), 1),
+    2: (((16.0, 8.5), (16.0, 23.5)), (10, 12), 1),      # a horizontal pair; transposed for a vertical one
+    3: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (9, 10), 1),
+    4: (((8.5, 8.5), (8.5, 23.5), (23.5, 8.5), (23.5, 23.5)), (9, 10), 1),
 }
 _HORIZONTAL = {"left of": False, "right of": True}   # relation -> whether the first object takes the right slot
 _VERTICAL = {"above": False, "below": True}          # relation -> whether the first object takes the lower slot
@@ -159,7 +159,7 @@ def layout(spec: SceneSpec, seed: int, size: int = 32, style: str = "free") -> l
     """The placements of a scene; a pure function of (spec, seed, size, style).
 
     `style="free"`: objects anywhere (rejection sampling). `style="slots"`: objects in a few
-    canonical slots, jittered by a pixel or three: one object centred, two side by side or stacked
+    canonical slots, jittered by a pixel: one object centred, two side by side or stacked
     (a relation fixes which and in what order), three or four in the cells of a 2x2 grid. Slots
     take much of the layout's randomness away, which is what lets a tiny DiT settle the layout
     from the prompt early in sampling and spend the later steps on the shapes.
