@@ -2,6 +2,9 @@
 
     python benchmarks/tiny_learning.py --config configs/tiny_shapes.yaml --seeds 0 1 --out benchmarks/results
 
+Two runs side by side on two cores want `--threads 1` each (or `SPOTLIGHT_THREADS=1`): torch's default
+of one thread per core oversubscribes them, and the run slows about threefold.
+
 Each seed trains from the same cached base model; validation uses the same fixed (prompt, seed) pairs,
 so gains are paired. Reported per seed: base and final validation reward (mean, standard error),
 the paired gain with its standard error and z, and the change in strict accuracy.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -59,7 +63,16 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--override", "-o", action="append", default=[])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: $SPOTLIGHT_THREADS, else torch's default)")
     args = p.parse_args(argv)
+    threads = args.threads if args.threads is not None else int(os.environ.get("SPOTLIGHT_THREADS", "0") or 0)
+    if threads < 0:
+        p.error(f"--threads must be >= 0, got {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     args.out.mkdir(parents=True, exist_ok=True)
     report = run(args.config, args.seeds, args.out / "runs", args.override)
     (args.out / "tiny_learning.json").write_text(json.dumps(report, indent=2))

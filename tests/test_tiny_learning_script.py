@@ -29,3 +29,21 @@ def test_reward_kwargs_the_reward_does_not_take_fail_before_training(tmp_path):
 def test_unknown_key_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="max_stepz"):
         _script().run(str(REPO / "configs" / "tiny_shapes.yaml"), [0], tmp_path / "runs", ["max_stepz=3"])
+
+
+def test_threads_option_sets_torch_threads_before_training(tmp_path):
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(ConfigError, match="max_stepz"):  # fails at the config check, after the threads
+            _script().main(["--config", str(REPO / "configs" / "tiny_shapes.yaml"), "--threads", "1",
+                            "--out", str(tmp_path), "-o", "max_stepz=3"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_negative_threads_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _script().main(["--threads", "-1", "--out", str(tmp_path)])
+    assert "--threads" in capsys.readouterr().err
