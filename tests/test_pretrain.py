@@ -31,7 +31,7 @@ def test_update_average_warms_up_the_decay():
 
 def test_pretrain_is_deterministic_and_saves_the_average(tmp_path, monkeypatch):
     torch.set_num_threads(1)
-    cfg, last = _cfg(), _cfg("pretrain.ema_decay=0")
+    cfg, last = _cfg("pretrain.ema_decay=0.995"), _cfg("pretrain.ema_decay=0")
     assert P.base_key(cfg) != P.base_key(last)  # the averaging is part of what the cache is keyed on
     metas = [P.pretrain(c, tmp_path / f"{i}.pt", progress=False) for i, c in enumerate((cfg, cfg, last))]
     (a, _), (b, _), (c, _) = (load_tiny_policy(tmp_path / f"{i}.pt") for i in range(3))
@@ -56,13 +56,15 @@ def test_schedule_sigmas_follow_the_samplers_shift():
     assert abs(float((draws > shift_sigmas(torch.tensor(0.5), 256)).float().mean()) - 0.5) < 0.03
     grid = sigma_schedule(10, 256, shift_terminal=None)[:-1].double()
     torch.testing.assert_close(shift_sigmas(torch.linspace(1.0, 0.1, 10, dtype=torch.float64), 256), grid)
-    logit = torch.cat([P._draw_sigmas(np.random.default_rng(s), _cfg().pretrain, 256) for s in range(2000)])
+    logit_pc = _cfg("pretrain.sigma_sampling=logit_normal").pretrain
+    logit = torch.cat([P._draw_sigmas(np.random.default_rng(s), logit_pc, 256) for s in range(2000)])
     assert float((logit > 0.9).float().mean()) < 0.05 < float((draws > 0.9).float().mean())
 
 
 def test_base_key_covers_layout_sigmas_and_loss_floor():
-    keys = {P.base_key(_cfg(*o)) for o in ([], ["task.layout=slots"], ["pretrain.sigma_sampling=schedule"],
-                                             ["pretrain.loss_min_sigma=0.3"])}
+    plain = ["task.layout=free", "pretrain.sigma_sampling=logit_normal", "pretrain.loss_min_sigma=0.05"]
+    keys = {P.base_key(_cfg(*plain, *o)) for o in ([], ["task.layout=slots"], ["pretrain.sigma_sampling=schedule"],
+                                                   ["pretrain.loss_min_sigma=0.3"])}
     assert len(keys) == 4
 
 
