@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -66,13 +65,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: $SPOTLIGHT_THREADS, else torch's default)")
     args = p.parse_args(argv)
-    threads = args.threads if args.threads is not None else int(os.environ.get("SPOTLIGHT_THREADS", "0") or 0)
-    if threads < 0:
-        p.error(f"--threads must be >= 0, got {threads}")
-    if threads:
-        import torch
+    if args.threads is not None and args.threads < 0:
+        p.error(f"--threads must be >= 0, got {args.threads}")
+    from roll_spotlight.cli import set_threads
 
-        torch.set_num_threads(threads)
+    set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     report = run(args.config, args.seeds, args.out / "runs", args.override)
     (args.out / "tiny_learning.json").write_text(json.dumps(report, indent=2))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from roll_spotlight.loopback import set_loopback_env
 
-def _set_threads(n: int | None) -> None:
+def set_threads(n: int | None) -> None:
     """torch intra-op threads; 1 avoids oversubscription when other processes share the cores."""
     n = n if n is not None else int(os.environ.get("SPOTLIGHT_THREADS", "0") or 0)
     if n > 0:
@@ -33,7 +33,7 @@ def cmd_pretrain(args) -> int:
     from roll_spotlight.training.pretrain import base_path, load_or_pretrain
 
     cfg = _load_run_config(args.config, args.override)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     policy, meta = load_or_pretrain(cfg, progress=not args.no_progress)
     print(json.dumps({"base_model": str(base_path(cfg))} | {k: v for k, v in meta.items() if k != "path"}, indent=2))
     return 0
@@ -59,7 +59,7 @@ def cmd_train(args) -> int:
     if args.resume:
         _check_resumable(run_dir)
     cfg = _with_trace(cfg, args.trace)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     result = _train(cfg, run_dir, args, resume=bool(args.resume))
     print(json.dumps(result.summary(), indent=2))
     return 0
@@ -131,7 +131,7 @@ def cmd_quickstart(args) -> int:
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
-    _set_threads(1)
+    set_threads(1)
     run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     args.ray, args.address = True, None
     result = _train(cfg, run_dir, args, None)
