@@ -167,22 +167,44 @@ class FlowGRPOTrainer:
                                 torch.as_tensor(batch.group_ids), std_mode=self.cfg.std_mode,
                                 clip=self.cfg.adv_clip)
 
-    def step(self, batch: ScoredBatch) -> dict:
+    def _plan(self, batch: ScoredBatch):
+        """(advantages of this rank's rows, its kept rows, global kept x steps count, noised steps, metrics);
+        the rows and steps are empty when there is nothing to train on."""
         adv = self.advantages(batch)
         keep = np.flatnonzero(~adv.zero_std_mask.numpy()) if self.cfg.drop_zero_std else np.arange(len(batch))
         metrics = {"zero_std_ratio": float(adv.zero_std_ratio), "trained_samples": int(len(keep))}
         steps = np.flatnonzero(batch.trajectory.noised.numpy()).tolist()
         if len(keep) == 0 or not steps:
-            return metrics | {"skipped": 1.0}
+            return None, None, 0, [], metrics
         offset = self.sync.shard_offset(batch.rows, len(batch))
         local = keep[(keep >= offset) & (keep < offset + batch.rows)] - offset  # this rank's kept rows
-        shard_adv = adv.values[offset:offset + batch.rows]
+        return adv.values[offset:offset + batch.rows], local, len(keep) * len(steps), steps, metrics
+
+    def step(self, batch: ScoredBatch) -> dict:
+        adv, local, norm, steps, metrics = self._plan(batch)
+        if not steps:
+            return metrics | {"skipped": 1.0}
         for _ in range(self.cfg.inner_epochs):
-            metrics |= self._epoch(batch, shard_adv, local, len(keep) * len(steps), steps)
+            metrics |= self._epoch(batch, adv, local, norm, steps)
         return metrics
 
-    def _epoch(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int, steps: list[int]) -> dict:
-        """One optimiser step; `local` are this rank's kept rows, `norm` the global kept x steps count."""
+    def gradient(self, batch: ScoredBatch) -> dict[str, torch.Tensor]:
+        """The loss gradient one update would clip and apply, by parameter name (after the
+        data-parallel reduction; before clipping). Weights and optimiser state are left as they are;
+        empty when the batch has nothing to train on (every group zero-std)."""
+        adv, local, norm, steps, _ = self._plan(batch)
+        if not steps:
+            return {}
+        self._accumulate(batch, adv, local, norm, steps)
+        trained = {id(p) for p in self.params}
+        grads = {name: p.grad.detach().clone() for name, p in self.policy.named_parameters()
+                 if id(p) in trained and p.grad is not None}
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def _accumulate(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int,
+                    steps: list[int]) -> dict:
+        """Fresh gradients of the loss mean over kept samples and noised steps, reduced across ranks."""
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         chunks = [local[i:i + self.cfg.micro_batch_size] for i in range(0, len(local), self.cfg.micro_batch_size)]
@@ -195,6 +217,11 @@ class FlowGRPOTrainer:
                 for name in totals:
                     totals[name] += float(getattr(out, name).detach()) * weight
         self.sync.reduce_gradients(self.params)
+        return totals
+
+    def _epoch(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int, steps: list[int]) -> dict:
+        """One optimiser step; `local` are this rank's kept rows, `norm` the global kept x steps count."""
+        totals = self._accumulate(batch, adv, local, norm, steps)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         return self.sync.reduce_metrics(totals) | {"grad_norm": float(grad_norm)}
