@@ -30,8 +30,9 @@ def run(config: str, batches: int, overrides: list[str], label: str | None) -> d
     policy, source = starting_policy(cfg)
     t0 = time.monotonic()
     report = measure(cfg, policy, batches, progress=lambda row: print(json.dumps(row), flush=True))
-    return {"kind": "measured", "label": label, "config": config, "overrides": overrides,
-            "policy": str(source), "reward": cfg.reward.name, "reward_kwargs": dict(cfg.reward.kwargs),
+    base = Path(source).name if isinstance(source, (str, Path)) else str(source)  # no local paths in results
+    return {"kind": "measured", "label": label, "config": config, "overrides": overrides, "policy": base,
+            "reward": cfg.reward.name, "reward_kwargs": dict(cfg.reward.kwargs),
             "wall_s": time.monotonic() - t0, **report}
 
 
