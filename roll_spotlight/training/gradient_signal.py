@@ -60,8 +60,8 @@ def _pair_stats(grads: Sequence[torch.Tensor], batches: Sequence[int]) -> tuple[
 
 
 def _jackknife_se(values: Sequence[float]) -> float:
-    n = len(values)
-    return float(math.sqrt((n - 1) / n * sum((v - np.mean(values)) ** 2 for v in values)))
+    v = np.asarray(values, dtype=float)
+    return float(math.sqrt((len(v) - 1) / len(v) * ((v - v.mean()) ** 2).sum()))
 
 
 def agreement(grads: Sequence[torch.Tensor]) -> Agreement:
@@ -115,16 +115,18 @@ def by_parameter(grads: Sequence[Mapping[str, torch.Tensor]], top: int = 10) -> 
 def measure(cfg, policy, batches: int, *, first_iteration: int = 100_000, progress=None) -> dict:
     """Gradients of `batches` independent training batches at the policy's current weights.
 
-    Each batch is what iteration ``first_iteration + b`` of a run with `cfg` would roll out (its
-    prompts, seeds and SDE window), generated in one batched call here (the run's workers roll out
-    one request at a time; the last bits differ, the statistics do not). Nothing is updated.
+    Each batch is what iteration ``first_iteration + b`` of a run with `cfg` would roll out (the
+    coordinator's `iteration_specs`: its prompts, seeds and SDE window), generated in one batched call
+    here (the run's workers roll out one request at a time; the last bits differ, the statistics do
+    not). Nothing is updated.
     """
     import time
 
+    from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
     from roll_spotlight.training.loop import build_reward_fn
-    from roll_spotlight.training.sampling import choose_window, generate, to_uint8_images, train_spec
-    from roll_spotlight.training.tasks import draw_prompt_ids, draw_seeds, train_pool
+    from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
+    from roll_spotlight.training.tasks import train_pool
 
     trainer = FlowGRPOTrainer(policy, cfg.train)
     pool, reward = train_pool(cfg.task), build_reward_fn(cfg)
@@ -133,17 +135,17 @@ def measure(cfg, policy, batches: int, *, first_iteration: int = 100_000, progre
     for b in range(batches):
         t0 = time.monotonic()
         it = first_iteration + b
-        ids = draw_prompt_ids(len(pool), p, seed=cfg.seed, iteration=it)
-        prompts = [pool.texts[i] for i in ids for _ in range(g)]
-        seeds = draw_seeds(p * g, seed=cfg.seed, iteration=it)
-        window = choose_window(cfg.sampling, seed=cfg.seed, iteration=it)
+        specs = iteration_specs(cfg, pool, it, weight_version=0)
+        prompts, seeds = [s.prompt for s in specs], [s.seed for s in specs]
+        sched = specs[0].schedule
+        window = (sched.window_start, sched.num_steps if sched.window_end is None else sched.window_end)
         traj = generate(policy, prompts, seeds, train_spec(cfg.sampling, window))
         rewards = np.asarray(reward(to_uint8_images(policy, traj.final), prompts).rewards, dtype=float)
         batch = ScoredBatch(traj, prompts, np.repeat(np.arange(p), g), rewards, cfg.sampling.noise_level,
                             cfg.sampling.kind)
         grads.append(trainer.gradient(batch))
         within = float(np.mean([rewards[i * g:(i + 1) * g].std() for i in range(p)]))
-        rows.append({"iteration": it, "window": list(window) if window else None, "reward_mean": float(rewards.mean()),
+        rows.append({"iteration": it, "window": list(window), "reward_mean": float(rewards.mean()),
                      "within_group_std": within, "seconds": time.monotonic() - t0})
         if progress:
             progress(rows[-1])
