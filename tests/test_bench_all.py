@@ -192,7 +192,7 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ regroup figures
-def test_regroup_summary_separates_the_shared_step_from_the_recovery():
+def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
     from roll_spotlight.elastic.bench import _request, _summary
     from roll_spotlight.elastic.model_spec import QwenModelSpec
     from roll_spotlight.elastic.rollout import RolloutState
@@ -201,26 +201,29 @@ def test_regroup_summary_separates_the_shared_step_from_the_recovery():
     request = _request(spec)
     latent = np.zeros((16, spec.in_channels), dtype=np.float32)
     warm = [{"total_s": t, "transfer_s": 0.01, "regroup_s": 0.02, "step_s": t - 0.03, "steady_step_s": s,
-             "overhead_s": t - s, "latent": latent} for t, s in ((0.20, 0.10), (0.16, 0.09), (0.30, 0.11))]
-    cold = [{"total_s": t, "latent": latent + 1e-7} for t in (5.0, 6.0, 4.0)]
+             "lost_s": t - s, "latent": latent} for t, s in ((0.20, 0.10), (0.16, 0.09), (0.30, 0.11))]
+    cold = [{"total_s": t, "steady_step_s": s, "lost_s": t - s, "latent": latent + 1e-7}
+            for t, s in ((5.0, 0.12), (6.0, 0.10), (4.0, 0.08))]
     reference = RolloutState(request_id="bench", step=request.num_steps, latent=latent, seed=11)
     out = _summary(spec, request, warm, cold, reference, publish_s=0.5)
-    assert out["warm_regroup_median_s"] == 0.20 and out["cold_restart_median_s"] == 5.0
-    assert out["speedup"] == pytest.approx(25.0)
-    assert out["steady_step_median_s"] == 0.10
-    assert out["warm_overhead_median_s"] == pytest.approx(0.10)   # median of 0.10, 0.07, 0.19
-    assert out["cold_overhead_median_s"] == pytest.approx(4.90)
-    assert out["speedup_overhead_only"] == pytest.approx(49.0)
+    assert out["warm_regroup_median_s"] == pytest.approx(0.10)   # median of 0.10, 0.07, 0.19
+    assert out["cold_restart_median_s"] == pytest.approx(4.88)   # median of 4.88, 5.90, 3.92
+    assert out["speedup"] == pytest.approx(48.8)
+    assert out["warm_total_median_s"] == 0.20 and out["cold_total_median_s"] == 5.0
+    assert out["speedup_including_step"] == pytest.approx(25.0)
+    assert out["steady_step_median_s"] == 0.10 and out["cold_steady_step_median_s"] == 0.10
+    assert out["warm_samples_s"] == pytest.approx([0.10, 0.07, 0.19])
     assert out["sp_max_abs_diff"] == pytest.approx(1e-7)
 
 
 def test_report_lists_the_regroup_speedup_with_and_without_the_step():
     from roll_spotlight.benchmarks.report import _mechanism_section
 
-    regroup = {"warm_regroup_median_s": 0.17, "cold_restart_median_s": 5.2, "speedup": 30.0,
-               "sp_max_abs_diff": 4.8e-7, "speedup_overhead_only": 69.4}
+    regroup = {"warm_regroup_median_s": 0.078, "cold_restart_median_s": 5.07, "speedup": 65.0,
+               "sp_max_abs_diff": 4.8e-7, "speedup_including_step": 29.8, "definition": "time lost"}
     text = _mechanism_section({"mechanisms": {"regroup": regroup}}, {})
-    assert "| regroup | speedup | 30.0x | >= 50 | - |" in text
-    assert "| regroup | speedup without the shared denoising step | 69.4x | (not the target) | - |" in text
-    older = {k: v for k, v in regroup.items() if k != "speedup_overhead_only"}
-    assert "without the shared" not in _mechanism_section({"mechanisms": {"regroup": older}}, {})
+    assert "| regroup | speedup (time lost) | 65.0x | >= 50 | - |" in text
+    assert "| regroup | speedup with the first denoising step included | 29.8x | - | - |" in text
+    older = {k: v for k, v in regroup.items() if k not in ("speedup_including_step", "definition")}
+    older_text = _mechanism_section({"mechanisms": {"regroup": older}}, {})
+    assert "| regroup | speedup | 65.0x | >= 50 | - |" in older_text and "included" not in older_text
