@@ -42,6 +42,30 @@ def test_stale_mode_explores_next_prompts_and_monitors_rank(tmp_path):
     assert "rank_spearman" not in rows[0]
 
 
+def test_stale_exploration_runs_with_the_weights_before_the_update(tmp_path, monkeypatch):
+    """In one process the update runs before exploration, but exploration must still use version t."""
+    from roll_spotlight.runtime.local import LocalBackend
+
+    seen = []
+    explore = LocalBackend.explore
+
+    def recording(self, specs):
+        outputs = explore(self, specs)
+        seen.append(({s.weight_version for s in specs}, self.core.weight_version,
+                     {o.weight_version for o in outputs}))
+        return outputs
+
+    monkeypatch.setattr(LocalBackend, "explore", recording)
+    _, _ = _run(tmp_path, "stale", "exploration.mode=stale", "max_steps=3", "train.learning_rate=1e-2")
+    assert seen, "stale mode explored nothing"
+    for named, trained, used in seen:
+        (version,) = named
+        assert used == {version} and version == trained - 1, (named, trained, used)
+    rows = [r for r in read_metrics(tmp_path / "stale") if r.get("rank_pairs")]
+    # at this learning rate one update changes rewards: stale and fresh rewards of a seed differ
+    assert any(r["rank_spearman"] != 1.0 for r in rows), rows
+
+
 def test_stale_mode_is_deterministic_and_resumes_exactly(tmp_path):
     _, full = _run(tmp_path, "full", "exploration.mode=stale", "max_steps=3", "save_steps=1")
     _, again = _run(tmp_path, "again", "exploration.mode=stale", "max_steps=3")

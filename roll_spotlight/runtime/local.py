@@ -26,10 +26,17 @@ class LocalBackend:
         self.stale: RolloutExecutor | None = None
         self.stale_version: int | None = None
         self._timeline: list[dict] = []
+        self._version = self.core.weight_version
 
     @property
     def weight_version(self) -> int:
-        return self.core.weight_version
+        """The version the loop sees: the update started by ``start_train`` counts from ``finish_train``.
+
+        The update itself runs inside ``start_train`` (one process), but as on Ray and ROLL the loop
+        must still see the pre-update version until ``finish_train``, so that stale exploration
+        between the two names, and runs with, the weights the iteration's rollouts used.
+        """
+        return self._version
 
     def _phase(self, phase: str, start: float) -> None:
         self._timeline.append({"worker": WORKER, "phase": phase, "start": start, "end": time.monotonic()})
@@ -78,6 +85,7 @@ class LocalBackend:
         return True
 
     def finish_train(self, handle) -> dict:
+        self._version = self.core.weight_version
         return handle
 
     def train(self, outputs, prompts, group_ids, rewards) -> dict:
@@ -103,6 +111,7 @@ class LocalBackend:
 
     def load_checkpoint(self, path: Path) -> None:
         self.core.load(path)
+        self._version = self.core.weight_version
 
     def timeline(self) -> list[dict]:
         return list(self._timeline)
