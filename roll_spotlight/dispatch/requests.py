@@ -49,13 +49,18 @@ class Schedule:
             raise ValueError(f"Schedule.noise_level must be finite and >= 0, got {self.noise_level}")
         if self.kind not in STEP_KINDS:
             raise ValueError(f"Schedule.kind must be one of {sorted(STEP_KINDS)}, got {self.kind!r}")
-        end = self.num_steps if self.window_end is None else self.window_end
+        _, end = self.window
         if not 0 <= self.window_start <= end <= self.num_steps:
             raise ValueError(
                 f"Schedule window must satisfy 0 <= window_start <= window_end <= num_steps, got "
                 f"window_start={self.window_start}, window_end={self.window_end}, "
                 f"num_steps={self.num_steps}"
             )
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The SDE window as ``(start, end)`` steps, ``window_end=None`` resolved to ``num_steps``."""
+        return self.window_start, self.num_steps if self.window_end is None else self.window_end
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,13 @@ def _publish_all(controller) -> float:
     return time.perf_counter() - start
 
 
+def _steady_step_s(controller, request: RolloutRequest) -> float:
+    """The same one-step resume once more on the group just formed: the step's own cost."""
+    start = time.perf_counter()
+    controller.run_rollout(request, state=_one_step_state(request))
+    return time.perf_counter() - start
+
+
 def _warm_once(controller, spec: QwenModelSpec, gpu: int, request: RolloutRequest) -> dict[str, float]:
     """Kill one member; time newcomer weights + regroup + one step, then that step once more."""
     import ray
@@ -100,9 +107,7 @@ def _warm_once(controller, spec: QwenModelSpec, gpu: int, request: RolloutReques
     result = controller.run_rollout(request, state=_one_step_state(request))
     end = time.perf_counter()
     regroup_s = controller.last_regroup.seconds
-    steady_start = time.perf_counter()
-    controller.run_rollout(request, state=_one_step_state(request))  # the same step, nothing changed
-    steady_s = time.perf_counter() - steady_start
+    steady_s = _steady_step_s(controller, request)
     return {"total_s": end - start, "regroup_s": regroup_s, "transfer_s": admitted - start - regroup_s,
             "step_s": end - admitted, "steady_step_s": steady_s, "lost_s": end - start - steady_s,
             "latent": result.state.latent}
@@ -118,9 +123,7 @@ def _cold_once(spec: QwenModelSpec, pretrained: str, request: RolloutRequest) ->
     controller.add_workers(workers)
     result = controller.run_rollout(request, state=_one_step_state(request))
     total = time.perf_counter() - start
-    steady_start = time.perf_counter()
-    controller.run_rollout(request, state=_one_step_state(request))  # the same step on the new group
-    steady_s = time.perf_counter() - steady_start
+    steady_s = _steady_step_s(controller, request)
     for worker in workers:
         ray.kill(worker)
     controller.close()

@@ -36,9 +36,7 @@ class Finished:
 
 
 def window_of(request: Request) -> SdeWindow:
-    s = request.schedule
-    end = s.num_steps if s.window_end is None else s.window_end
-    return SdeWindow(s.window_start, end)
+    return SdeWindow(*request.schedule.window)
 
 
 def pack_state(traj: Trajectory, request: Request) -> InFlightState:

@@ -137,8 +137,7 @@ def measure(cfg, policy, batches: int, *, first_iteration: int = 100_000, progre
         it = first_iteration + b
         specs = iteration_specs(cfg, pool, it, weight_version=0)
         prompts, seeds = [s.prompt for s in specs], [s.seed for s in specs]
-        sched = specs[0].schedule
-        window = (sched.window_start, sched.num_steps if sched.window_end is None else sched.window_end)
+        window = specs[0].schedule.window
         traj = generate(policy, prompts, seeds, train_spec(cfg.sampling, window))
         rewards = np.asarray(reward(to_uint8_images(policy, traj.final), prompts).rewards, dtype=float)
         batch = ScoredBatch(traj, prompts, np.repeat(np.arange(p), g), rewards, cfg.sampling.noise_level,
