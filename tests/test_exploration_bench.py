@@ -9,12 +9,13 @@ from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward,
 
 def test_small_bench_returns_the_keys():
     result = run_planner_bench(seeds=2, n_prompts=8, group_size=4, budget_pulls=24, workers=3, preempted_workers=1)
-    for key in ("planner_over_uniform", "planner_over_oracle", "planner_over_uniform_no_abandon",
+    for key in ("planner_over_uniform", "planner_over_oracle", "planner_over_uniform_with_abandon",
                 "decision_time_ms_per_pull", "methods", "setup", "ratio_statistic", "baselines",
-                "planner_over_uniform_with_abandon", "oracle_over_uniform_no_abandon", "planner_population_over_uniform"):
+                "oracle_over_uniform", "oracle_over_uniform_with_abandon", "planner_population_over_uniform",
+                "planner_population_over_uniform_with_abandon", "decision_time_note", "machine"):
         assert key in result
-    assert set(result["baselines"]) == {"uniform", "uniform_no_abandon"}
-    assert result["planner_over_uniform_with_abandon"] == result["planner_over_uniform"]
+    assert not any("no_abandon" in key for key in result), "renamed: uniform is plain round robin now"
+    assert set(result["baselines"]) == {"uniform", "uniform_abandon"}
     assert set(result["decision_time_ms_per_pull_by_planner"]) == {"planner", "planner_population"}
     assert set(result["methods"]) == set(METHODS)
     for method in METHODS:
@@ -24,9 +25,37 @@ def test_small_bench_returns_the_keys():
     assert result["planner_over_uniform"] > 0 and result["planner_over_oracle"] > 0
     assert result["decision_time_ms_per_pull"] > 0
     budget_seeds = 24 * 4
-    for method in ("planner", "planner_population", "uniform", "oracle"):
+    for method in ("planner", "planner_population", "uniform", "uniform_abandon", "oracle"):
         assert 0 < result["methods"][method]["explored_seeds_mean"] <= budget_seeds
     json.dumps(result)  # JSON-serialisable
+
+
+def test_headline_is_against_plain_uniform_allocation():
+    # "uniform" is the uniform allocation: plain round robin, nothing abandoned or replaced.
+    # "uniform_abandon" adds the planner's abandonment and replacement; both ratios are reported.
+    result = run_planner_bench(seeds=3, n_prompts=8, group_size=4, budget_pulls=24, workers=3, preempted_workers=1)
+    methods = result["methods"]
+    assert methods["uniform"]["abandoned_mean"] == 0
+    assert methods["uniform_abandon"]["abandoned_mean"] > 0, "the synthetic mix has all-equal prompts"
+
+    def mean(method):
+        return float(np.mean(methods[method]["per_seed"]))
+
+    assert result["planner_over_uniform"] == pytest.approx(mean("planner") / mean("uniform"))
+    assert result["planner_over_uniform_with_abandon"] == pytest.approx(mean("planner") / mean("uniform_abandon"))
+    assert result["oracle_over_uniform"] == pytest.approx(mean("oracle") / mean("uniform"))
+    assert result["oracle_over_uniform_with_abandon"] == pytest.approx(mean("oracle") / mean("uniform_abandon"))
+    assert result["planner_over_oracle"] == pytest.approx(mean("planner") / mean("oracle"))
+    assert "plain round robin" in result["baselines"]["uniform"]
+    assert "abandonment" in result["baselines"]["uniform_abandon"]
+
+
+def test_one_pull_per_prompt_budget_equals_the_round_robin_with_abandonment():
+    # When the budget buys about one pull per prompt, the bandit explores every prompt once, as the
+    # round robin does: the allocation-only ratio is exactly 1 (the bandit's docstring says why).
+    result = run_planner_bench(seeds=2, n_prompts=8, group_size=4, budget_pulls=8, workers=2, preempted_workers=0,
+                               methods=("planner", "uniform_abandon"))
+    assert result["methods"]["planner"]["per_seed"] == result["methods"]["uniform_abandon"]["per_seed"]
 
 
 def test_bench_is_deterministic_apart_from_timing():
@@ -40,6 +69,11 @@ def test_main_prints_json(capsys):
                  "--workers", "2", "--preempted-workers", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["setup"]["seeds"] == 1 and "planner_over_uniform" in out
+    assert list(out)[:3] == ["kind", "command", "note"]
+    assert out["command"] == ("spotlight bench planner --seeds 1 --n-prompts 6 --group-size 4 --budget-pulls 12 "
+                              "--workers 2 --preempted-workers 0 --json")
+    assert "6.4 seeds per prompt" in out["note"]
+    assert "next_pull" in out["decision_time_note"] and out["machine"]["cpu_count"] >= 1
 
 
 def test_synthetic_distributions_have_the_stated_variance():
@@ -62,9 +96,12 @@ def test_budget_sweep_rows_equal_the_bench_at_that_budget():
     rows = run_budget_sweep([3, 6], **small)
     assert [(r["seeds_per_prompt"], r["budget_pulls"]) for r in rows] == [(3.0, 12), (6.0, 24)]
     direct = run_planner_bench(budget_pulls=24, methods=SWEEP_METHODS, **small)
-    for key in ("planner_over_uniform", "planner_over_uniform_no_abandon", "planner_over_oracle",
-                "oracle_over_uniform", "oracle_over_uniform_no_abandon"):
+    for key in ("planner_over_uniform", "planner_over_uniform_with_abandon", "planner_over_oracle",
+                "oracle_over_uniform", "oracle_over_uniform_with_abandon"):
         assert rows[1][key] == direct[key], key
+    assert set(rows[1]) == {"seeds_per_prompt", "budget_pulls", "planner_over_uniform",
+                            "planner_over_uniform_with_abandon", "planner_over_oracle", "oracle_over_uniform",
+                            "oracle_over_uniform_with_abandon"}
     with pytest.raises(ValueError, match="seeds per prompt"):
         run_budget_sweep([0], **small)
 
@@ -76,7 +113,9 @@ def test_main_budget_sweep(capsys):
     result = json.loads(capsys.readouterr().out)
     assert [row["seeds_per_prompt"] for row in result["budget_sweep"]] == [4.0]
     assert main([*args, "--budget-sweep", "4"]) == 0
-    assert "budget 4 seeds/prompt: planner/uniform" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "budget 4 seeds/prompt: planner/uniform" in text and "planner/uniform with abandonment" in text
+    assert "planner_over_uniform_with_abandon:" in text and "decision time: " in text
     with pytest.raises(SystemExit):
         main([*args, "--budget-sweep", "-1"])
     assert "--budget-sweep values must be > 0" in capsys.readouterr().err
@@ -99,3 +138,13 @@ def test_main_first_seed(capsys):
             "--preempted-workers", "0", "--json"]
     assert main([*args, "--first-seed", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["setup"]["first_seed"] == 3
+
+
+def test_decision_time_note_says_when_the_machine_was_shared():
+    from roll_spotlight.exploration.bench import _decision_time_note
+
+    busy = _decision_time_note({"cpu_count": 2, "load_average_before": [1.9, 1.8, 1.7]})
+    quiet = _decision_time_note({"cpu_count": 2, "load_average_before": [0.1, 0.2, 0.2]})
+    assert "shared machine" in busy and "1.90 on 2 cores" in busy
+    assert "shared machine" not in quiet and "0.10 on 2 cores" in quiet
+    assert "not available" in _decision_time_note({"cpu_count": 2, "load_average_before": None})

@@ -14,7 +14,15 @@ from roll_spotlight.exploration import (
     UniformPlanner,
     select_max_variance,
 )
+from roll_spotlight.exploration.planner import _two_values
+from roll_spotlight.exploration.select import max_variance
 from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, Constant
+from roll_spotlight.exploration.value import (
+    beta_binomial_pmf,
+    binary_lookahead_gains,
+    binary_selected_variance,
+    lookahead_gains,
+)
 
 
 def population_bandit(cfg, *args, **kwargs):
@@ -62,6 +70,7 @@ def run_sync(planner, reward, max_pulls=500, now_s=0.0, duration_s=1.0):
     ("abandon_tolerance", -0.1), ("base_seed", -1), ("max_lookahead_pulls", 0), ("replace_abandoned", "yes"),
     ("predicted_train_s", math.nan), ("group_size", 2.5), ("posterior", "bayes"), ("prior_bins", 1),
     ("prior_floor", 0.0), ("prior_floor", 1.5), ("prior_donor_strength", 0.0), ("prior_tempering", -1.0),
+    ("binary_prior", -1.0), ("binary_prior", math.inf), ("kind_donors", "yes"),
 ])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ValueError, match=rf"PlannerConfig\.{key}"):
@@ -333,10 +342,10 @@ def test_bandit_spreads_concurrent_pulls_over_prompts():
     assert set(concurrent) == {"a", "b"}
 
 
-def _pooled_index_of(prompt, donor_rewards, own_rewards):
+def _pooled_index_of(prompt, donor_rewards, own_rewards, **overrides):
     """The pooled bandit's index of ``prompt`` after every donor and ``prompt`` got one pull."""
-    cfg = config(group_size=4, seeds_per_pull=4, predicted_train_s=1000.0, mc_draws=256, prior_strength=4.0,
-                 abandon_zero_variance=False)
+    cfg = config(**{**dict(group_size=4, seeds_per_pull=4, predicted_train_s=1000.0, mc_draws=256, prior_strength=4.0,
+                           abandon_zero_variance=False), **overrides})
     table = {**{f"d{i}": r for i, r in enumerate(donor_rewards)}, prompt: own_rewards}
     planner = BanditPlanner(cfg, list(table))
     for _ in table:
@@ -355,6 +364,78 @@ def test_pooled_base_measure_keeps_each_donor_prompt_together():
     constant_donors = _pooled_index_of("narrow", [[0.0] * 4, [1.0] * 4] * 3, narrow)
     binary_donors = _pooled_index_of("narrow", [[0.0, 1.0, 0.0, 1.0]] * 6, narrow)
     assert 0 < constant_donors < 0.8 * binary_donors
+
+
+def test_continuous_prompt_borrows_only_from_continuous_donors():
+    # Six pass / fail donors and two narrow continuous ones. Borrowing 0s and 1s would credit the
+    # narrow continuous prompt with extremes a continuous score of its kind does not produce.
+    donors = [[0.0, 1.0, 0.0, 1.0]] * 6 + [[0.5, 0.51, 0.52, 0.53], [0.47, 0.5, 0.52, 0.55]]
+    narrow = [0.45, 0.5, 0.55, 0.6]
+    same_kind = _pooled_index_of("narrow", donors, narrow)
+    any_kind = _pooled_index_of("narrow", donors, narrow, kind_donors=False)
+    assert 0 < same_kind < 0.5 * any_kind
+
+
+def test_two_valued_prompts_are_recognised():
+    assert _two_values([0.0, 0.0, 1.0]) == (0.0, 1.0)
+    assert _two_values([0.2, 0.2, 0.7, 0.7]) == (0.2, 0.7)
+    assert _two_values([0.0, 1.0]) is None, "two seeds cannot tell a pass / fail prompt from a continuous one"
+    assert _two_values([0.0, 0.5, 1.0]) is None
+    assert _two_values([1.0, 1.0, 1.0]) is None
+
+
+def test_beta_binomial_pmf_matches_the_formula():
+    def direct(n, a, b):
+        log_beta = lambda x, y: math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)  # noqa: E731
+        return np.array([math.comb(n, i) * math.exp(log_beta(i + a, n - i + b) - log_beta(a, b)) for i in range(n + 1)])
+
+    for n, a, b in [(0, 1.0, 1.0), (1, 2.0, 3.0), (12, 0.5, 4.5), (24, 3.0, 1.0)]:
+        np.testing.assert_allclose(beta_binomial_pmf(n, a, b), direct(n, a, b), atol=1e-12)
+
+
+@pytest.mark.parametrize("highs,pool,k", [(0, 8, 4), (1, 8, 4), (3, 5, 4), (5, 6, 4), (7, 12, 8), (2, 2, 2)])
+def test_binary_selected_variance_is_the_max_variance_selection(highs, pool, k):
+    rewards = [0.2] * (pool - highs) + [0.7] * highs
+    assert binary_selected_variance(np.array([highs]), pool, k, 0.5)[0] == pytest.approx(max_variance(rewards, k))
+
+
+@pytest.mark.parametrize("highs,lows,planned", [(1, 3, 0), (1, 7, 0), (4, 4, 2), (2, 1, 0)])
+def test_binary_lookahead_is_the_monte_carlo_limit(highs, lows, planned):
+    # Exact Beta-binomial look-ahead vs the generic Monte Carlo one on draws from the same posterior.
+    k, m, horizons, a = 8, 4, 3, 1.0
+    base, gains = binary_lookahead_gains(highs, lows, 1.0, a, a, k, planned, m, horizons)
+    rng = np.random.default_rng(0)
+    rate = rng.beta(a + highs, a + lows, size=100_000)
+    draws = (rng.random((rate.size, planned + horizons * m + k)) < rate[:, None]).astype(float)
+    explored = np.array([0.0] * lows + [1.0] * highs)
+    mc_base, mc_gains = lookahead_gains(explored, draws, k, planned, m, horizons)
+    assert base == pytest.approx(mc_base, abs=2e-3)
+    np.testing.assert_allclose(gains, mc_gains, atol=2e-3)
+    if min(highs, lows) < k // 2:
+        assert gains[-1] > 0, "more seeds of a prompt with a rare value always help a max-variance selection"
+    else:
+        assert not gains.any(), "the best possible k/2 + k/2 split is already explored"
+
+
+def test_bandit_values_two_valued_prompts_in_closed_form():
+    # One success in eight: the value comes from the Beta posterior, not from Monte Carlo rows, so
+    # it does not depend on the Monte Carlo settings; with binary_prior=0 it does.
+    def index(**overrides):
+        planner = BanditPlanner(config(group_size=8, seeds_per_pull=4, predicted_train_s=1000.0, **overrides),
+                                ["rare"])
+        for rewards in ([0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]):
+            pull = planner.next_pull(0.0)
+            for seed, r in zip(pull.seeds, rewards):
+                planner.observe("rare", seed, r, 1.0)
+        arm = planner._arms["rare"]
+        assert sorted(arm.rewards) == [0.0] * 7 + [1.0]
+        return planner._score(0, arm) * planner._cost.predict(1)
+
+    exact = binary_lookahead_gains(1, 7, 1.0, 1.0, 1.0, 8, 0, 4, 1)[1][0] / 4
+    assert exact > 0
+    assert index(mc_draws=8) == pytest.approx(exact)
+    assert index(mc_draws=64, base_seed=9) == pytest.approx(exact)
+    assert index(binary_prior=0.0, mc_draws=8) != pytest.approx(exact)
 
 
 def test_monte_carlo_columns_do_not_change_when_more_are_needed():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig
+from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig, is_continuous
 from roll_spotlight.exploration.value import shrunk_predictive_draws
 
 
@@ -105,3 +105,27 @@ def test_donor_pool_excludes_the_prompt_itself_and_grows():
     assert set(np.unique(pool.draw(u_row, u_value, exclude=1))) <= {0.5, 0.6}
     assert donor_pool_with([[0.3]]).draw(u_row, u_value, exclude=0) is None
     assert DonorPool().draw(u_row, u_value) is None
+
+
+def test_is_continuous_needs_three_distinct_values():
+    assert is_continuous([0.1, 0.2, 0.3])
+    assert not is_continuous([0.0, 1.0, 1.0, 0.0, 1.0])
+    assert not is_continuous([0.5, 0.5, 0.5])
+    assert not is_continuous([0.1, 0.2])
+
+
+def test_donor_pool_restricts_donors_to_the_prompts_kind():
+    # rows 0-1 two-valued, row 2 continuous (its kind is known from its third distinct value on), row 3 own
+    pool = donor_pool_with([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.3, 0.4, 0.5, 0.6], [0.2, 0.25, 0.3]])
+    assert list(pool.kinds(4)) == [False, False, True, True]
+    rng = np.random.default_rng(5)
+    u_row, u_value = rng.random(400), rng.random((400, 4))
+    continuous = pool.draw(u_row, u_value, exclude=3, continuous=True)
+    assert set(np.unique(continuous)) <= {0.3, 0.4, 0.5, 0.6}, "a continuous prompt never borrows 0s and 1s"
+    discrete = pool.draw(u_row, u_value, exclude=3, continuous=False)
+    assert set(np.unique(discrete)) <= {0.0, 1.0} and len(np.unique(discrete)) == 2
+    anything = pool.draw(u_row, u_value, exclude=3)
+    assert {0.0, 1.0, 0.3} <= set(np.unique(anything)), "no kind: every donor, as before"
+    # no donor of that kind (the only continuous row is the prompt itself): every other donor instead
+    lone = donor_pool_with([[0.0, 1.0, 1.0, 0.0], [0.2, 0.25, 0.3]])
+    assert set(np.unique(lone.draw(u_row, u_value, exclude=1, continuous=True))) == {0.0, 1.0}

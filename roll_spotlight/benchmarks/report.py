@@ -225,7 +225,11 @@ def _mechanism_section(result, figs) -> str:
              "| benchmark | metric | ours (MEASURED) | issue target | PAPER (reported) |", "|---|---|---|---|---|"]
     p = mech.get("planner") or {}
     if "planner_over_uniform" in p:
-        lines += [f"| planner | planner_over_uniform | {_f(p['planner_over_uniform'], 3)} | >= 1.2 | - |",
+        lines += [f"| planner | planner_over_uniform (plain round robin) | {_f(p['planner_over_uniform'], 3)} "
+                  "| >= 1.2 | - |",
+                  *([f"| planner | planner_over_uniform_with_abandon (round robin that also abandons and replaces "
+                     f"all-equal prompts) | {_f(p['planner_over_uniform_with_abandon'], 3)} | - | - |"]
+                    if "planner_over_uniform_with_abandon" in p else []),
                   f"| planner | planner_over_oracle | {_f(p['planner_over_oracle'], 3)} | >= 0.9 | - |",
                   f"| planner | decision ms / pull (median) | {_f(p['decision_time_ms_per_pull'], 3)} | < 1 | - |"]
     g = mech.get("regroup") or {}

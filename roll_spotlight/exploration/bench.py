@@ -19,15 +19,28 @@ is reported next to them. ``decision_time_ms_per_pull`` is the median wall time 
 ``next_pull`` calls that returned a pull (the lazily refreshed arm values included).
 
 Methods: ``planner`` (BanditPlanner, default pooled posterior), ``planner_population`` (the same
-bandit with the population prior of ``prior.py``: an ablation), ``uniform`` (round robin with the
-same abandonment and replacement of all-equal prompts: the strict baseline), ``uniform_no_abandon``
-(plain round robin of the same budget: no abandonment, no replacement), ``oracle`` (true
-distributions; knows zero-variance prompts without exploring), ``no_exploration`` (k fresh seeds
-per original prompt). ``planner_over_uniform`` is measured against ``uniform``, the strict baseline,
-so it isolates the value of the allocation itself (``planner_over_uniform_with_abandon`` is the same
-number under an explicit name); ``planner_over_uniform_no_abandon`` is against plain round robin,
-so it also credits abandonment. ``oracle_over_uniform`` / ``oracle_over_uniform_no_abandon`` show
-how much room any allocation has on this prompt mix and budget. The JSON's ``baselines`` says so.
+bandit with the population prior of ``prior.py``: an ablation), ``uniform`` (uniform allocation:
+plain round robin of the same budget, every batch prompt gets the same number
+of explored seeds; no abandonment, no replacement), ``uniform_abandon`` (the same round robin plus
+the planner's own abandonment of all-equal prompts and replacement from the reserve: a stricter
+baseline), ``oracle`` (true distributions; knows zero-variance prompts without exploring),
+``no_exploration`` (k fresh seeds per original prompt).
+
+Headline ratios: ``planner_over_uniform`` and ``oracle_over_uniform`` are against ``uniform``, plain
+uniform allocation, so they credit the planner with everything it adds to it (allocation,
+abandonment, replacement). ``planner_over_uniform_with_abandon``
+and ``oracle_over_uniform_with_abandon`` are against ``uniform_abandon``: abandonment and replacement
+are then on both sides, so they isolate the value of the allocation itself (at budgets where one
+pull per prompt is about the whole budget the bandit explores every prompt once, as the round robin
+does, and this ratio is about 1). ``planner_over_oracle`` is against ``oracle``; ``oracle_over_*``
+show how much room any allocation has on this prompt mix and budget. The JSON's ``baselines`` says
+what each denominator is.
+
+``decision_time_note`` and ``machine`` say where the decision times were measured: the bench runs
+wherever it is started, and a shared machine (other processes on its cores) inflates them;
+``machine`` records ``os.cpu_count()`` and ``os.getloadavg()`` before and after the run. The CLI
+(``main``) also writes ``kind`` (what was measured), ``command`` (its own command line) and ``note``
+(where the 6.4 seeds-per-prompt budget of the sweep comes from).
 
 The bench seeds are 0..``seeds``-1 unless ``--first-seed`` shifts them: tune planner settings on
 another range (e.g. ``--first-seed 100 --seeds 40``) and report 0..19, so the reported ratios are
@@ -39,7 +52,10 @@ import argparse
 import heapq
 import json as jsonlib
 import logging
+import os
+import shlex
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -56,17 +72,27 @@ from roll_spotlight.exploration.planner import (
 )
 from roll_spotlight.exploration.synthetic import RewardDist, population_variance, random_prompt_set, reward_of
 
-METHODS = ("planner", "planner_population", "uniform", "uniform_no_abandon", "oracle", "no_exploration")
+METHODS = ("planner", "planner_population", "uniform", "uniform_abandon", "oracle", "no_exploration")
 
 BASELINES = {
-    "uniform": "round robin (fewest explored+planned seeds first) over the batch, same budget, with the "
-               "planners' abandonment of all-equal prompts after min_seeds_before_abandon seeds and "
-               "replacement from the reserve; denominator of planner_over_uniform",
-    "uniform_no_abandon": "plain round robin, same budget, no abandonment and no replacement; denominator "
-                          "of planner_over_uniform_no_abandon",
+    "uniform": "uniform allocation: plain round robin over the batch (fewest "
+               "explored+planned seeds first), same budget, so every prompt gets the same number of "
+               "explored seeds; no abandonment, no replacement; denominator of planner_over_uniform and "
+               "oracle_over_uniform",
+    "uniform_abandon": "the same round robin plus the planners' abandonment of all-equal prompts after "
+                       "min_seeds_before_abandon seeds and replacement from the reserve (stricter: it "
+                       "isolates the allocation); denominator of planner_over_uniform_with_abandon and "
+                       "oracle_over_uniform_with_abandon",
 }
 
-# The population posterior's own settings (tuned on bench seeds 0..19, see the report in issue 5).
+KIND = ("synthetic reward distributions in an event-driven simulation of spot workers (not a cluster "
+        "measurement); decision times measured on the machine that ran it")
+
+BUDGET_NOTE = ("6.4 seeds per prompt is the budget the simulator's cost model gives at 512x512 (train step "
+               "121.8 s x 8 spot GPUs / 2.38 s per rollout = 0.8 group's worth of seeds per prompt), scaled "
+               "to group_size 8")
+
+# The population posterior's own settings (tuned on bench seeds 0..19, the reporting range, before the tuning range was set apart).
 POPULATION_POSTERIOR = dict(posterior="population", prior_strength=4.0, prior_tempering=0.5)
 
 
@@ -112,9 +138,9 @@ def _build(method: str, setup: BenchSetup, task: _Task) -> ExplorationPlanner:
     if method == "planner_population":
         return BanditPlanner(replace(cfg, **POPULATION_POSTERIOR), task.prompts, task.reserve)
     if method == "uniform":
-        return UniformPlanner(cfg, task.prompts, task.reserve)
-    if method == "uniform_no_abandon":
         return UniformPlanner(replace(cfg, abandon_zero_variance=False), task.prompts, task.reserve)
+    if method == "uniform_abandon":
+        return UniformPlanner(cfg, task.prompts, task.reserve)
     if method == "oracle":
         return OraclePlanner(cfg, task.prompts, task.dists, task.reserve)
     raise ValueError(f"unknown method {method!r}; known: {METHODS}")
@@ -215,6 +241,7 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
         raise ValueError(f"first_seed must be an integer >= 0, got {first_seed!r}")
     if budget_pulls is None:
         budget_pulls = 3 * n_prompts * group_size // seeds_per_pull
+    machine = {"cpu_count": os.cpu_count(), "load_average_before": _machine_load()}
     setup = BenchSetup(n_prompts, group_size, seeds_per_pull, budget_pulls, workers, preempted_workers)
     scores: dict[str, list[float]] = {m: [] for m in methods}
     infos: dict[str, list[dict]] = {m: [] for m in methods}
@@ -227,10 +254,13 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
             infos[method].append(info)
             if method in decision_ms:
                 decision_ms[method].extend(1e3 * d for d in decision_s)
-    return _report(setup, seeds, first_seed, scores, infos, decision_ms)
+    machine["load_average_after"] = _machine_load()
+    return _report(setup, seeds, first_seed, scores, infos, decision_ms, machine)
 
 
-SWEEP_METHODS = ("planner", "uniform", "uniform_no_abandon", "oracle")
+SWEEP_METHODS = ("planner", "uniform", "uniform_abandon", "oracle")
+SWEEP_KEYS = ("planner_over_uniform", "planner_over_uniform_with_abandon", "planner_over_oracle",
+              "oracle_over_uniform", "oracle_over_uniform_with_abandon")
 
 
 def run_budget_sweep(seeds_per_prompt: Sequence[float], seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
@@ -252,9 +282,7 @@ def run_budget_sweep(seeds_per_prompt: Sequence[float], seeds: int = 20, n_promp
                                    preempted_workers=preempted_workers, methods=SWEEP_METHODS,
                                    first_seed=first_seed)
         rows.append({"seeds_per_prompt": budget_pulls * seeds_per_pull / n_prompts, "budget_pulls": budget_pulls,
-                     **{key: result[key] for key in ("planner_over_uniform", "planner_over_uniform_no_abandon",
-                                                     "planner_over_oracle", "oracle_over_uniform",
-                                                     "oracle_over_uniform_no_abandon")}})
+                     **{key: result[key] for key in SWEEP_KEYS}})
     return rows
 
 
@@ -266,8 +294,10 @@ def _ratio(scores: dict, a: str, b: str) -> tuple[float | None, float | None]:
     return of_means, per_seed
 
 
-def _report(setup: BenchSetup, seeds: int, first_seed: int, scores: dict, infos: dict, decision_ms: dict) -> dict:
+def _report(setup: BenchSetup, seeds: int, first_seed: int, scores: dict, infos: dict, decision_ms: dict,
+            machine: dict) -> dict:
     over_uniform, over_uniform_med = _ratio(scores, "planner", "uniform")
+    over_abandon, over_abandon_med = _ratio(scores, "planner", "uniform_abandon")
     over_oracle, over_oracle_med = _ratio(scores, "planner", "oracle")
     methods = {m: {"selected_variance": _spread(v), "per_seed": v,
                    **({"explored_seeds_mean": statistics.fmean(i["explored_seeds"] for i in infos[m]),
@@ -280,33 +310,56 @@ def _report(setup: BenchSetup, seeds: int, first_seed: int, scores: dict, infos:
         "ratio_statistic": "ratio of per-method means over bench seeds; *_median: median of per-seed ratios",
         "planner_over_uniform": over_uniform,
         "planner_over_uniform_median": over_uniform_med,
-        "planner_over_uniform_with_abandon": over_uniform,
-        "planner_over_uniform_no_abandon": _ratio(scores, "planner", "uniform_no_abandon")[0],
+        "planner_over_uniform_with_abandon": over_abandon,
+        "planner_over_uniform_with_abandon_median": over_abandon_med,
         "planner_over_oracle": over_oracle,
         "planner_over_oracle_median": over_oracle_med,
         "oracle_over_uniform": _ratio(scores, "oracle", "uniform")[0],
-        "oracle_over_uniform_no_abandon": _ratio(scores, "oracle", "uniform_no_abandon")[0],
+        "oracle_over_uniform_with_abandon": _ratio(scores, "oracle", "uniform_abandon")[0],
         "planner_population_over_uniform": _ratio(scores, "planner_population", "uniform")[0],
-        "planner_population_over_uniform_no_abandon": _ratio(scores, "planner_population", "uniform_no_abandon")[0],
+        "planner_population_over_uniform_with_abandon": _ratio(scores, "planner_population", "uniform_abandon")[0],
         "planner_population_over_oracle": _ratio(scores, "planner_population", "oracle")[0],
         "decision_time_ms_per_pull": float(np.median(planner_ms)) if planner_ms else None,
         "decision_time_ms_p90": float(np.percentile(planner_ms, 90)) if planner_ms else None,
         "decision_time_ms_per_pull_by_planner": {m: float(np.median(v)) for m, v in decision_ms.items() if v},
+        "decision_time_note": _decision_time_note(machine),
+        "machine": machine,
         "methods": methods,
     }
+
+
+def _machine_load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):  # not available on this platform
+        return None
+
+
+def _decision_time_note(machine: dict) -> str:
+    what = ("median and p90 wall time of BanditPlanner.next_pull calls that returned a pull (lazily refreshed "
+            "arm values included), in this process")
+    load, cpus = machine.get("load_average_before"), machine.get("cpu_count")
+    if load is None or not cpus:
+        return f"{what}; the machine's load was not available"
+    if load[0] >= 0.5:
+        return (f"{what}, measured on a shared machine: other processes were using its cores (1-minute load "
+                f"average {load[0]:.2f} on {cpus} cores before the bench started), so the times are inflated "
+                f"against a quiet machine")
+    return f"{what}; 1-minute load average {load[0]:.2f} on {cpus} cores before the bench started"
 
 
 def _format(result: dict) -> str:
     lines = [f"{m:>20s}: selected variance {r['selected_variance']['mean']:.4f} "
              f"+- {r['selected_variance']['std']:.4f}" for m, r in result["methods"].items()]
-    for key in ("planner_over_uniform", "planner_over_uniform_no_abandon", "planner_over_oracle",
-                "oracle_over_uniform", "oracle_over_uniform_no_abandon", "planner_population_over_uniform",
+    for key in ("planner_over_uniform", "planner_over_uniform_with_abandon", "planner_over_oracle",
+                "oracle_over_uniform", "oracle_over_uniform_with_abandon", "planner_population_over_uniform",
                 "decision_time_ms_per_pull"):
         value = result[key]
         lines.append(f"{key}: {value:.3f}" if value is not None else f"{key}: n/a")
+    lines.append(f"decision time: {result['decision_time_note']}")
     for row in result.get("budget_sweep", []):
         lines.append(f"budget {row['seeds_per_prompt']:g} seeds/prompt: planner/uniform {row['planner_over_uniform']:.3f}, "
-                     f"planner/plain round robin {row['planner_over_uniform_no_abandon']:.3f}, "
+                     f"planner/uniform with abandonment {row['planner_over_uniform_with_abandon']:.3f}, "
                      f"planner/oracle {row['planner_over_oracle']:.3f}, oracle/uniform {row['oracle_over_uniform']:.3f}")
     return "\n".join(lines)
 
@@ -324,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--preempted-workers", type=int, default=2)
     parser.add_argument("--budget-sweep", type=float, nargs="+", metavar="SEEDS_PER_PROMPT", default=None,
-                        help="also run the planner, both round robins and the oracle at these budgets "
-                             "(explored seeds per batch prompt); adds 'budget_sweep' to the result")
+                        help="also run the planner, both round robins (uniform, uniform_abandon) and the oracle "
+                             "at these budgets (explored seeds per batch prompt); adds 'budget_sweep' to the result")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     args = parser.parse_args(argv)
     common = dict(seeds=args.seeds, first_seed=args.first_seed, n_prompts=args.n_prompts,
@@ -333,7 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   preempted_workers=args.preempted_workers)
     if args.budget_sweep is not None and any(v <= 0 for v in args.budget_sweep):
         parser.error(f"--budget-sweep values must be > 0, got {args.budget_sweep}")
-    result = run_planner_bench(budget_pulls=args.budget_pulls, **common)
+    command = " ".join(["spotlight bench planner", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    result = {"kind": KIND, "command": command, "note": BUDGET_NOTE,
+              **run_planner_bench(budget_pulls=args.budget_pulls, **common)}
     if args.budget_sweep is not None:
         result["budget_sweep"] = run_budget_sweep(args.budget_sweep, **common)
     print(jsonlib.dumps(result, indent=2) if args.json else _format(result))

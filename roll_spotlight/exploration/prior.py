@@ -70,13 +70,19 @@ class DonorPool:
     and 24; the same uniform-over-prompts donors drawn per reward instead of per row gain nothing,
     so keeping a row to one donor is what matters.
 
+    ``draw(..., continuous=...)`` restricts the donors to one kind (``is_continuous``): a prompt
+    whose rewards are continuous scores borrows from continuous donors only, a two-valued one from
+    the others (the planner's ``kind_donors``; measured in ``planner.BanditPlanner``'s docstring).
+
     Invariant: rows are allocated in order and row j holds donor j's rewards in its first n[j]
-    columns; capacity doubles as rows or rewards are added (amortised O(1) per reward).
+    columns; ``_continuous[j]`` is ``is_continuous`` of those rewards; capacity doubles as rows or
+    rewards are added (amortised O(1) per reward).
     """
 
     def __init__(self, capacity: int = 64, width: int = 8) -> None:
         self._rewards = np.zeros((capacity, width))
         self._n = np.zeros(capacity, dtype=np.int64)
+        self._continuous = np.zeros(capacity, dtype=bool)
         self._rows = 0
 
     @property
@@ -93,20 +99,33 @@ class DonorPool:
         self._rewards[row, n] = reward
         self._n[row] = n + 1
         self._rows = max(self._rows, row + 1)
+        if not self._continuous[row] and n >= 2:
+            self._continuous[row] = is_continuous(self._rewards[row, : n + 1])
 
-    def draw(self, u_row: np.ndarray, u_value: np.ndarray, exclude: int | None = None) -> np.ndarray | None:
+    def kinds(self, rows: int) -> np.ndarray:
+        """``is_continuous`` of donor rows 0..rows-1."""
+        return self._continuous[:rows]
+
+    def draw(self, u_row: np.ndarray, u_value: np.ndarray, exclude: int | None = None,
+             continuous: bool | None = None) -> np.ndarray | None:
         """Base draws of shape ``u_value.shape`` (D, w): row r from donor ``u_row[r]`` (uniform over donors).
 
         ``exclude`` (the prompt's own row) is never a donor: its own rewards enter the posterior
-        through the Dirichlet-process weight instead. None when there is no other donor.
+        through the Dirichlet-process weight instead. ``continuous`` (when not None) restricts the
+        donors to those of that kind (``is_continuous``), unless there are none. None when there is
+        no other donor.
         """
-        excluded = exclude is not None and 0 <= exclude < self._rows
-        donors = self._rows - int(excluded)
-        if donors <= 0:
+        eligible = np.ones(self._rows, dtype=bool)
+        if exclude is not None and 0 <= exclude < self._rows:
+            eligible[exclude] = False
+        if continuous is not None:
+            same = eligible & (self._continuous[: self._rows] == continuous)
+            if same.any():
+                eligible = same
+        rows = np.flatnonzero(eligible)
+        if rows.size == 0:
             return None
-        donor = np.minimum((u_row * donors).astype(np.int64), donors - 1)
-        if excluded:
-            donor += donor >= exclude
+        donor = rows[np.minimum((u_row * rows.size).astype(np.int64), rows.size - 1)]
         n = self._n[donor][:, None]
         pick = np.minimum((u_value * n).astype(np.int64), n - 1)
         return self._rewards[donor[:, None], pick]
@@ -119,6 +138,14 @@ class DonorPool:
         rewards[:old_rows, :old_width] = self._rewards
         self._rewards = rewards
         self._n = np.concatenate([self._n, np.zeros(rows - old_rows, dtype=np.int64)])
+        self._continuous = np.concatenate([self._continuous, np.zeros(rows - old_rows, dtype=bool)])
+
+
+def is_continuous(rewards) -> bool:
+    """Three or more distinct values: a continuous-looking reward distribution. Binary rewards (pass /
+    fail) never show a third value; a continuous score shows a new value with nearly every seed."""
+    values = np.asarray(rewards, dtype=float)
+    return values.size >= 3 and np.unique(values).size >= 3
 
 
 class PopulationPrior:
