@@ -68,6 +68,27 @@ def test_base_key_covers_layout_sigmas_and_loss_floor():
     assert len(keys) == 4
 
 
+def test_pretrain_tags_pick_the_pretraining_world_and_the_key():
+    """`pretrain.tags` decides what the base sees (and its cache key); `task.tags` alone then does not."""
+    import pytest
+
+    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.tasks.shapes.spec import TAGS
+    from roll_spotlight.training.tasks import train_pool
+
+    every = "pretrain.tags=[" + ",".join(TAGS) + "]"
+    whole, narrow = _cfg(), _cfg("task.tags=[colors,counting]")
+    narrow_on_whole = _cfg("task.tags=[colors,counting]", every)
+    assert P.base_key(narrow_on_whole) == P.base_key(whole) != P.base_key(narrow)
+    assert train_pool(P.pretrain_task(narrow_on_whole)) == train_pool(whole.task)
+    assert set(train_pool(P.pretrain_task(narrow)).tags) == {"colors", "counting"}
+    assert set(train_pool(narrow_on_whole.task).tags) == {"colors", "counting"}  # RL still on the task's tags
+    with pytest.raises(ConfigError, match="pretrain.tags"):
+        _cfg("pretrain.tags=[colours]")
+    with pytest.raises(ConfigError, match="task.tags"):
+        _cfg("task.tags=[]")
+
+
 def test_loss_floor_reweights_the_x0_error(monkeypatch):
     """With the floor at 1 the pretraining loss is the plain x_0 MSE."""
     import numpy as np

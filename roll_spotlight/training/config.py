@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.tasks.shapes.spec import TAGS
 
 TRACKERS = ("jsonl", "tensorboard", "none")
 
@@ -21,6 +22,12 @@ TRACKERS = ("jsonl", "tensorboard", "none")
 def _require(cond: bool, key: str, value, rule: str) -> None:
     if not cond:
         raise ValueError(f"{key} {rule}, got {value!r}")
+
+
+def _require_tags(key: str, tags) -> None:
+    if tags is not None:
+        _require(len(tags) > 0 and all(t in TAGS for t in tags), key, tags,
+                 f"must be null or a non-empty list of tags from {list(TAGS)}")
 
 
 @dataclass
@@ -42,6 +49,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         _require(self.train_prompts >= 1, "task.train_prompts", self.train_prompts, "must be >= 1")
         _require(self.val_prompts >= 1, "task.val_prompts", self.val_prompts, "must be >= 1")
+        _require_tags("task.tags", self.tags)
 
 
 @dataclass
@@ -129,6 +137,9 @@ class PretrainConfig:
     # x_0-predicting models: the x_0 error is weighted 1 / max(sigma, loss_min_sigma)^2 (the velocity
     # loss); a larger floor moves weight from the near-clean steps to the ones that set layout and shape
     loss_min_sigma: float = 0.05
+    # the tags whose scenes the base is pretrained on; null: the task's (`task.tags`). A base of the
+    # whole world (every tag) fine-tuned by RL on a few tags is the usual foundation-model setting.
+    tags: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "pretrain.steps", self.steps, "must be >= 1")
@@ -137,6 +148,7 @@ class PretrainConfig:
         _require(self.warmup_steps >= 0, "pretrain.warmup_steps", self.warmup_steps, "must be >= 0")
         _require(0 <= self.ema_decay < 1, "pretrain.ema_decay", self.ema_decay, "must be in [0, 1)")
         _require(0 < self.loss_min_sigma <= 1, "pretrain.loss_min_sigma", self.loss_min_sigma, "must be in (0, 1]")
+        _require_tags("pretrain.tags", self.tags)
 
 
 @dataclass

@@ -9,6 +9,7 @@ the user's cache directory under a hash of everything that determines it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,7 +23,8 @@ import torch
 
 from roll_spotlight.configuration import to_dict
 from roll_spotlight.training.averaging import lerp_average
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.tasks.shapes.spec import TAGS
+from roll_spotlight.training.config import RunConfig, TaskConfig
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2   # 2: scene sizes by object count, x_0-predicting tiny model
@@ -36,12 +38,21 @@ def cache_dir() -> Path:
     return Path(base) / "roll_spotlight"
 
 
+def pretrain_task(cfg: RunConfig) -> TaskConfig:
+    """The task whose scenes the base is pretrained on: the run's, with `pretrain.tags` when set."""
+    tags = cfg.task.tags if cfg.pretrain.tags is None else cfg.pretrain.tags
+    return dataclasses.replace(cfg.task, tags=None if tags is not None and tuple(tags) == TAGS else tags)
+
+
 def base_key(cfg: RunConfig) -> str:
     from roll_spotlight.training.tasks import task_vocab
 
-    payload = {"model": to_dict(cfg.model), "pretrain": to_dict(cfg.pretrain),
-               "task": {"prompt_seed": cfg.task.prompt_seed, "train_prompts": cfg.task.train_prompts,
-                        "tags": cfg.task.tags, "vocab": list(task_vocab(cfg.task)), "layout": cfg.task.layout},
+    task = pretrain_task(cfg)
+    pretrain_keys = {k: v for k, v in to_dict(cfg.pretrain).items() if k != "tags"}  # tags: under task
+    payload = {"model": to_dict(cfg.model), "pretrain": pretrain_keys,
+               "task": {"prompt_seed": task.prompt_seed, "train_prompts": task.train_prompts,
+                        "tags": None if task.tags is None else list(task.tags),
+                        "vocab": list(task_vocab(task)), "layout": task.layout},
                "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -87,7 +98,7 @@ def pretrain(cfg: RunConfig, path: Path, *, progress: bool = True) -> dict:
 
     torch.manual_seed(cfg.pretrain.seed)
     policy = build_policy(cfg.model, vocab=task_vocab(cfg.task))
-    pool = train_pool(cfg.task)
+    pool = train_pool(pretrain_task(cfg))
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.pretrain.learning_rate, weight_decay=0.0)
     rng = np.random.default_rng(cfg.pretrain.seed)
     started = time.monotonic()
@@ -158,7 +169,7 @@ def _base_quality(policy, cfg: RunConfig) -> dict:
     from roll_spotlight.training.evaluate import evaluate
     from roll_spotlight.training.tasks import ValidationSet, validation_set
 
-    val = validation_set(cfg.task)
+    val = validation_set(pretrain_task(cfg))
     n = min(cfg.pretrain.eval_samples, len(val.texts))
     val = ValidationSet(val.texts[:n], val.tags[:n], val.seeds[:n])
     result = evaluate(policy, val, build_reward("shapes", mode="partial"), cfg.sampling)
