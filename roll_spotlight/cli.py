@@ -131,7 +131,14 @@ def cmd_quickstart(args) -> int:
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
-    set_threads(1)
+    if cfg.model.preset == "tiny":  # on a first run the driver alone pretrains the base: every core
+        from roll_spotlight.training.loop import check_startup
+        from roll_spotlight.training.pretrain import load_or_pretrain
+
+        check_startup(cfg)  # a bad config fails before minutes of pretraining
+        set_threads(args.threads)
+        load_or_pretrain(cfg, progress=not args.no_progress)
+    set_threads(1)  # then the Ray actors share the cores; the driver only coordinates
     run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     args.ray, args.address = True, None
     result = _train(cfg, run_dir, args, None)

@@ -28,7 +28,8 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     cfg = tiny_config()
     path = save_random_policy(cfg, tmp_path / "policy.pt")
     local = run_training(cfg, tmp_path / "local", policy=random_policy(cfg), progress=False)
-    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2), run_dir=tmp_path / "ray")
+    # one trainer thread, as the local run: results are bit-identical only at equal thread counts
+    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2, trainer_threads=1), run_dir=tmp_path / "ray")
     try:
         result = Coordinator(cfg, backend, tmp_path / "ray", progress=False).run()
         stats = [ray.get(w.stats.remote()) for w in backend.workers.values()]
@@ -86,3 +87,11 @@ def test_a_new_driver_starts_a_fresh_queue_journal(tmp_path):
         (tmp_path / name).write_text("x")
     assert fresh_queue_journal(tmp_path) == tmp_path / "queue"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"], "only the journal's files go"
+
+
+def test_trainer_threads_take_the_cluster_cpus_unless_stale_exploration_overlaps_training():
+    cluster = RayClusterConfig(num_cpus=4)
+    assert [cluster.trainer_threads_for(m) for m in ("off", "fresh", "stale")] == [4, 4, 1]
+    assert RayClusterConfig(trainer_threads=3).trainer_threads_for("stale") == 3
+    with pytest.raises(ValueError, match="trainer_threads"):
+        RayClusterConfig(trainer_threads=0)

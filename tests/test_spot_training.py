@@ -279,7 +279,7 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
     ref = Coordinator(off, reference, tmp_path / "off", progress=False).run()
 
     hold = lambda node: {"hold_at_step": HOLD_AT_STEP} if node == "synthetic/n0" else {}  # noqa: E731
-    backend = RayBackend(cfg, save_random_policy(cfg, tmp_path / "policy.pt"), RayClusterConfig(ondemand_workers=1),
+    backend = RayBackend(cfg, save_random_policy(cfg, tmp_path / "policy.pt"), RayClusterConfig(ondemand_workers=1, trainer_threads=1),
                          spot_market=one_spot_node_market(cfg.spot), spot_clock=CountingClock(),
                          spot_worker_kwargs=hold)
     outputs = recorded(backend)

@@ -54,6 +54,10 @@ class RayClusterConfig:
     ondemand_workers: int = 2
     spot_workers: int = 0
     threads_per_actor: int = 1
+    # the trainer's torch threads; None: every CPU of the cluster config unless stale exploration
+    # runs beside training (then threads_per_actor). Without it the rollout workers idle while the
+    # trainer steps, so one thread would leave the other cores unused.
+    trainer_threads: int | None = None
     poll_s: float = 0.01
     spot_pool_slots: int = 0  # extra spot_gpu units for the elastic spot pool's workers
     sp_degree: int = 1  # rollout workers per SP group (runtime.sp_group); 1: one image per worker
@@ -67,6 +71,13 @@ class RayClusterConfig:
                              f"{self.ondemand_workers} and runtime.spot_workers={self.spot_workers}")
         if self.num_cpus < 1:
             raise ValueError(f"runtime.num_cpus must be >= 1, got {self.num_cpus}")
+        if self.trainer_threads is not None and self.trainer_threads < 1:
+            raise ValueError(f"runtime.trainer_threads must be >= 1 or None, got {self.trainer_threads}")
+
+    def trainer_threads_for(self, exploration_mode: str) -> int:
+        if self.trainer_threads is not None:
+            return self.trainer_threads
+        return self.threads_per_actor if exploration_mode == "stale" else max(self.threads_per_actor, self.num_cpus)
 
 
 QUEUE_JOURNAL = "queue"  # <run_dir>/queue.state and <run_dir>/queue.log
@@ -154,7 +165,8 @@ class RayBackend:
         data, threads, gpus = to_dict(cfg), self.cluster.threads_per_actor, worker_gpus(path)
         self._path = path
         self.store = WeightStore.create(keep=2)
-        self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(data, path, self.store, threads)
+        self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
+            data, path, self.store, self.cluster.trainer_threads_for(cfg.exploration.mode))
         self.reward = RewardActor.remote(data)
         self.batch_ids = RewardBatchIds()
         self.weight_version = ray.get(self.trainer.weight_version.remote())
