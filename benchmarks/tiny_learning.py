@@ -31,7 +31,9 @@ def run(config: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:
     for seed, cfg in configs.items():
         t0 = time.monotonic()
         res = run_training(cfg, out / f"{cfg.exp_name}-seed{seed}")
-        results[seed] = res.summary() | {"curve": res.curve, "wall_s": time.monotonic() - t0}
+        # the run directory relative to --out: the JSON is committed, and names no path of this machine
+        results[seed] = res.summary() | {"curve": res.curve, "wall_s": time.monotonic() - t0,
+                                         "run_dir": f"runs/{cfg.exp_name}-seed{seed}"}
         print(json.dumps({"seed": seed, **paired_gain(res.base, res.final),
                           "base": res.base.summary(), "final": res.final.summary()}))
     return {"kind": "measured", "config": config, "overrides": overrides, "runs": results}
