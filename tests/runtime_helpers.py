@@ -10,6 +10,9 @@ TINY_OVERRIDES = [
     "sampling.num_steps=4", "sampling.sde_window=2", "sampling.window_range=[0,2]", "sampling.eval_num_steps=3",
     "model.num_layers=1", "model.attention_head_dim=16", "model.axes_dims_rope=[4,6,6]",
     "model.joint_attention_dim=32", "model.image_size=16", "train.learning_rate=1e-3", "train.clip_range=0.2",
+    # the whole prompt mix, as these runtime tests were written for: on the configs' narrower tags a
+    # random policy's groups can all score alike, leaving nothing to train on
+    "task.tags=null",
 ]
 
 

@@ -77,7 +77,7 @@ def test_pretrain_tags_pick_the_pretraining_world_and_the_key():
     from roll_spotlight.training.tasks import train_pool
 
     every = "pretrain.tags=[" + ",".join(TAGS) + "]"
-    whole, narrow = _cfg(), _cfg("task.tags=[colors,counting]")
+    whole, narrow = _cfg("task.tags=null", "pretrain.tags=null"), _cfg("task.tags=[colors,counting]", "pretrain.tags=null")
     narrow_on_whole = _cfg("task.tags=[colors,counting]", every)
     assert P.base_key(narrow_on_whole) == P.base_key(whole) != P.base_key(narrow)
     assert train_pool(P.pretrain_task(narrow_on_whole)) == train_pool(whole.task)
