@@ -100,6 +100,8 @@ def _train(cfg, run_dir: Path, args, resume: bool = False):
     if on_ray:
         from roll_spotlight.runtime.ray_backend import RayBackend
 
+        set_threads(1)  # the Ray actors share the cores from here; the driver only coordinates
+
         backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
     else:
         from roll_spotlight.runtime.local import LocalBackend
@@ -131,14 +133,7 @@ def cmd_quickstart(args) -> int:
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
-    if cfg.model.preset == "tiny":  # on a first run the driver alone pretrains the base: every core
-        from roll_spotlight.training.loop import check_startup
-        from roll_spotlight.training.pretrain import load_or_pretrain
-
-        check_startup(cfg)  # a bad config fails before minutes of pretraining
-        set_threads(args.threads)
-        load_or_pretrain(cfg, progress=not args.no_progress)
-    set_threads(1)  # then the Ray actors share the cores; the driver only coordinates
+    set_threads(args.threads)  # on a first run the driver alone pretrains the base: every core
     run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     args.ray, args.address = True, None
     result = _train(cfg, run_dir, args, None)

@@ -162,7 +162,7 @@ class RayBackend:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
         # a policy source (models.source): the tiny base's path, or a model section each actor loads
         path = policy_path if isinstance(policy_path, Mapping) else str(policy_path)
-        data, threads, gpus = to_dict(cfg), self.cluster.threads_per_actor, worker_gpus(path)
+        data, gpus = to_dict(cfg), worker_gpus(path)
         self._path = path
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
