@@ -10,7 +10,7 @@ import pytest
 from roll_spotlight.benchmarks.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
                                                    iterations_to_target, records_from_json, run_with_timeout)
 from roll_spotlight.benchmarks.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
-from roll_spotlight.benchmarks.plots import merge_intervals
+from roll_spotlight.benchmarks.plots import merge_intervals, plot_convergence
 from roll_spotlight.benchmarks.suite import parse_last_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,6 +173,18 @@ def test_merge_intervals_joins_touching_spans_and_clips():
                 ("g0", 3.0, 9.0, "rollout"), ("g1", 7.0, 8.0, "idle")]
     merged = merge_intervals(timeline, horizon=5.0)
     assert merged == {"g0": {"rollout": [(0.0, 2.0), (3.0, 2.0)], "train": [(2.0, 1.0)]}}
+
+
+def test_convergence_figure_adds_a_rank_panel_only_for_runs_that_explored(tmp_path):
+    from PIL import Image
+
+    curve = [{"iteration": 0, "val_reward": 0.60}, {"iteration": 2, "val_reward": 0.62}]
+    vanilla = {"setting": "vanilla", "seed": 0, "curve": curve, "rank_spearman": []}
+    stale = {"setting": "spotlight", "seed": 0, "curve": curve, "rank_spearman": [0.6, 0.7]}
+    one = plot_convergence([vanilla], 0.61, tmp_path / "one.png")
+    two = plot_convergence([vanilla, stale], 0.61, tmp_path / "two.png")
+    assert Image.open(one).size == (700, 400)
+    assert Image.open(two).size == (1200, 400)
 
 
 def test_training_runs_share_one_deadline(tmp_path, monkeypatch):

@@ -115,9 +115,14 @@ def _timeline_panel(ax, timeline, horizon: float) -> None:
 
 
 def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, path: Path) -> Path:
-    """Validation reward against iteration for every run (MEASURED on the tiny task)."""
+    """Validation reward against iteration for every run (MEASURED on the tiny task) and, when any
+    run explored with stale weights, a second panel with the stale-vs-fresh Spearman correlation of
+    each iteration. A run logs its first correlation at iteration 2 (iteration 1 has nothing
+    explored before it), then one per iteration."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ranked = [run for run in runs if run.get("rank_spearman")]
+    fig, axes = plt.subplots(1, 2 if ranked else 1, figsize=(12 if ranked else 7, 4), squeeze=False)
+    ax = axes[0][0]
     for run in runs:
         its = [p["iteration"] for p in run["curve"]]
         ax.plot(its, [p["val_reward"] for p in run["curve"]], marker="o", markersize=3,
@@ -126,6 +131,17 @@ def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, pa
         ax.axhline(target, linestyle="--", color="black", linewidth=1, label=f"target {target:.3f}")
     ax.set(xlabel="iteration", ylabel="validation reward", title="Tiny task convergence (MEASURED, CPU)")
     ax.legend(fontsize=7)
+    if ranked:
+        rax = axes[0][1]
+        for run in ranked:
+            ranks = run["rank_spearman"]
+            rax.plot(range(2, 2 + len(ranks)), ranks, marker="o", markersize=3,
+                     color=BASELINE_COLOURS.get(run["setting"], "black"), alpha=0.5 + 0.5 / (1 + run["seed"]),
+                     label=f"{run['setting']} seed {run['seed']}")
+        rax.axhline(0.0, color="grey", linewidth=0.5)
+        rax.set(xlabel="iteration", ylabel="Spearman, stale vs fresh rewards", ylim=(-1.05, 1.05),
+                title="Rank monitor (MEASURED, CPU)")
+        rax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
