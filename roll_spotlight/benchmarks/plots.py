@@ -116,9 +116,10 @@ def _timeline_panel(ax, timeline, horizon: float) -> None:
 
 def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, path: Path) -> Path:
     """Validation reward against iteration for every run (MEASURED on the tiny task) and, when any
-    run explored with stale weights, a second panel with the stale-vs-fresh Spearman correlation of
-    each iteration. A run logs its first correlation at iteration 2 (iteration 1 has nothing
-    explored before it), then one per iteration."""
+    run explored with stale weights, a second panel with its stale-vs-fresh Spearman correlations
+    in the order they were logged. Records keep the correlations without their iterations, and an
+    iteration with no explored seed among its rollouts logs none, so the panel counts them rather
+    than naming iterations (with one per iteration from the second on, the n-th is iteration n+1)."""
     plt = _pyplot()
     ranked = [run for run in runs if run.get("rank_spearman")]
     fig, axes = plt.subplots(1, 2 if ranked else 1, figsize=(12 if ranked else 7, 4), squeeze=False)
@@ -135,11 +136,11 @@ def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, pa
         rax = axes[0][1]
         for run in ranked:
             ranks = run["rank_spearman"]
-            rax.plot(range(2, 2 + len(ranks)), ranks, marker="o", markersize=3,
+            rax.plot(range(1, 1 + len(ranks)), ranks, marker="o", markersize=3,
                      color=BASELINE_COLOURS.get(run["setting"], "black"), alpha=0.5 + 0.5 / (1 + run["seed"]),
                      label=f"{run['setting']} seed {run['seed']}")
         rax.axhline(0.0, color="grey", linewidth=0.5)
-        rax.set(xlabel="iteration", ylabel="Spearman, stale vs fresh rewards", ylim=(-1.05, 1.05),
+        rax.set(xlabel="correlation logged (n-th)", ylabel="Spearman, stale vs fresh rewards", ylim=(-1.05, 1.05),
                 title="Rank monitor (MEASURED, CPU)")
         rax.legend(fontsize=7)
     fig.tight_layout()
