@@ -239,3 +239,16 @@ def test_report_lists_the_regroup_speedup_with_and_without_the_step():
     older = {k: v for k, v in regroup.items() if k not in ("speedup_including_step", "definition")}
     older_text = _mechanism_section({"mechanisms": {"regroup": older}}, {})
     assert "| regroup | speedup | 65.0x | >= 50 | - |" in older_text and "included" not in older_text
+
+
+def test_cli_picks_convergence_settings_and_seeds():
+    from roll_spotlight.benchmarks.suite import build_parser, config_from_args
+
+    args = build_parser().parse_args(["--convergence-settings", "vanilla", "spotlight", "vanilla",
+                                      "--convergence-seeds", "3", "4"])
+    conv = config_from_args(args).convergence
+    assert conv.settings == ("vanilla", "spotlight")
+    assert conv.runs == [("vanilla", 3), ("spotlight", 3), ("vanilla", 4), ("spotlight", 4)]
+    assert config_from_args(build_parser().parse_args([])).convergence.settings == ("vanilla", "fresh", "spotlight")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--convergence-settings", "greedy"])

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from roll_spotlight.benchmarks.convergence import (SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
+from roll_spotlight.benchmarks.convergence import (SETTINGS, SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
                                                    run_convergence, summarize, choose_target)
 
 log = logging.getLogger(__name__)
@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--convergence-budget-min", type=float, default=None,
                    help="deadline in minutes for all convergence training runs (default 40)")
     p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
+    p.add_argument("--convergence-settings", nargs="+", default=None, choices=list(SETTINGS),
+                   help=f"settings to train (default all: {' '.join(SETTINGS)})")
     p.add_argument("--convergence-parallel", type=int, default=None, help="runs at once (default: min(2, cores))")
     p.add_argument("--convergence-override", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every convergence run (repeatable)")
@@ -306,6 +308,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         conv, repo_root=repo_root, target=args.target,
         overrides=tuple(conv.overrides) + tuple(args.convergence_override),
         seeds=tuple(args.convergence_seeds) if args.convergence_seeds else conv.seeds,
+        settings=tuple(dict.fromkeys(args.convergence_settings)) if args.convergence_settings else conv.settings,
         budget_s=args.convergence_budget_min * 60 if args.convergence_budget_min else conv.budget_s,
         parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
     changes: dict[str, Any] = {"convergence": conv, "convergence_json": args.convergence_json,
