@@ -252,3 +252,40 @@ def test_cli_picks_convergence_settings_and_seeds():
     assert config_from_args(build_parser().parse_args([])).convergence.settings == ("vanilla", "fresh", "spotlight")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--convergence-settings", "greedy"])
+
+
+def _saved(setting_seeds, overrides=("max_steps=10",)):
+    runs = [{"setting": s, "seed": seed, "status": "finished", "wall_s": 1.0,
+             "curve": [{"iteration": 0, "val_reward": 0.5}, {"iteration": 2, "val_reward": 0.6 + 0.01 * seed}]}
+            for s, seed in setting_seeds]
+    return {"kind": "measured", "budget": {"overrides": list(overrides)}, "runs": runs}
+
+
+def test_saved_convergence_results_merge_into_one_study(tmp_path):
+    from roll_spotlight.benchmarks.suite import SuiteConfig, _convergence, build_parser, config_from_args
+
+    a, b = tmp_path / "seeds012.json", tmp_path / "seeds3.json"
+    a.write_text(json.dumps(_saved([("vanilla", 0), ("spotlight", 0), ("vanilla", 1), ("spotlight", 1)])))
+    b.write_text(json.dumps(_saved([("vanilla", 3), ("spotlight", 3)])))
+    cfg = config_from_args(build_parser().parse_args(["--convergence-json", str(a), str(b)]))
+    assert cfg.convergence_json == (a, b)
+    result = _convergence(cfg)
+    assert sorted((r["setting"], r["seed"]) for r in result["runs"]) == [
+        ("spotlight", 0), ("spotlight", 1), ("spotlight", 3), ("vanilla", 0), ("vanilla", 1), ("vanilla", 3)]
+    assert result["summary"]["estimates"]["vanilla"]["runs"] == 3
+    assert result["summary"]["target"] == pytest.approx((0.60 + 0.61 + 0.63) / 3)
+    assert str(a) in result["source"] and str(b) in result["source"]
+    assert SuiteConfig().convergence_json == ()
+
+
+def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
+    from roll_spotlight.benchmarks.suite import merge_saved_runs
+
+    one = _saved([("vanilla", 0)])
+    with pytest.raises(ValueError, match="vanilla seed 0 is in both a.json and b.json"):
+        merge_saved_runs([Path("a.json"), Path("b.json")], [one, _saved([("vanilla", 0)])])
+    with pytest.raises(ValueError, match="a.json trained with overrides"):
+        merge_saved_runs([Path("a.json"), Path("b.json")],
+                         [one, _saved([("vanilla", 1)], overrides=("exploration.seeds_per_prompt=64",))])
+    no_budget = {"runs": _saved([("vanilla", 2)])["runs"]}  # benchmarks/convergence.py output keeps none
+    assert len(merge_saved_runs([Path("a.json"), Path("c.json")], [one, no_budget])) == 2

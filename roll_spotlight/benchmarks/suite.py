@@ -65,7 +65,7 @@ class SuiteConfig:
     # three training seeds per setting, 10 iterations each (the same horizon for every setting), evaluated every 5
     convergence: ConvergenceConfig = field(default_factory=lambda: ConvergenceConfig(
         seeds=FULL_CONVERGENCE_SEEDS, overrides=FULL_CONVERGENCE_OVERRIDES))
-    convergence_json: Path | None = None
+    convergence_json: tuple[Path, ...] = ()
     subprocess_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
@@ -263,14 +263,42 @@ def _trace_path(root: Path | None, spec: tuple[str, str | None]) -> tuple[Path |
 
 # ================================================================ convergence
 def _convergence(cfg: SuiteConfig) -> dict:
-    if cfg.convergence_json is not None:
-        payload = json.loads(Path(cfg.convergence_json).read_text())
-        records = records_from_json(payload)
+    if cfg.convergence_json:
+        paths = [Path(p) for p in cfg.convergence_json]
+        payloads = [json.loads(p.read_text()) for p in paths]
+        records = merge_saved_runs(paths, payloads)
+        saved_targets = {pl.get("target") for pl in payloads}
         target, rule = choose_target(records, cfg.convergence.target if cfg.convergence.target is not None
-                                     else payload.get("target"))
-        return {"kind": "measured", "source": str(cfg.convergence_json), "summary": summarize(records, target, rule),
+                                     else (saved_targets.pop() if len(saved_targets) == 1 else None))
+        return {"kind": "measured", "source": ", ".join(str(p) for p in paths),
+                "summary": summarize(records, target, rule),
                 "runs": [dataclasses.asdict(r) | {"horizon": r.horizon} for r in records], "budget": None}
     return run_convergence(cfg.convergence, cfg.out_dir / "convergence")
+
+
+def merge_saved_runs(paths: Sequence[Path], payloads: Sequence[Mapping[str, Any]]) -> list:
+    """The runs of several saved convergence results as one study (e.g. seeds 0-2, then 3-5).
+
+    They must have trained under the same overrides (``budget.overrides``, where saved) and must not
+    repeat a (setting, seed) run; either mistake is an error naming the files.
+    """
+    records, owner, overrides = [], {}, {}
+    for path, payload in zip(paths, payloads):
+        saved = (payload.get("budget") or {}).get("overrides")
+        if saved is not None:
+            overrides.setdefault(tuple(saved), path)
+            if len(overrides) > 1:
+                (a, pa), (b, pb) = list(overrides.items())[:2]
+                raise ValueError(f"--convergence-json: {pa} trained with overrides {list(a)} but {pb} with "
+                                 f"{list(b)}; merge only results of the same settings")
+        for record in records_from_json(payload):
+            key = (record.setting, record.seed)
+            if key in owner:
+                raise ValueError(f"--convergence-json: {record.setting} seed {record.seed} is in both "
+                                 f"{owner[key]} and {path}")
+            owner[key] = path
+            records.append(record)
+    return records
 
 
 # ================================================================ CLI
@@ -295,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config override for every convergence run (repeatable)")
     p.add_argument("--target", type=float, default=None,
                    help="validation reward to reach (default: vanilla's final validation reward)")
-    p.add_argument("--convergence-json", type=Path, default=None,
-                   help="use a saved convergence result (benchmarks/convergence.py output) instead of running")
+    p.add_argument("--convergence-json", type=Path, nargs="+", default=None,
+                   help="use saved convergence results (benchmarks/convergence.py or bench all output) instead of "
+                        "running; several files (e.g. seeds 0-2 and 3-5) are merged into one study")
     return p
 
 
@@ -311,7 +340,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         settings=tuple(dict.fromkeys(args.convergence_settings)) if args.convergence_settings else conv.settings,
         budget_s=args.convergence_budget_min * 60 if args.convergence_budget_min else conv.budget_s,
         parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
-    changes: dict[str, Any] = {"convergence": conv, "convergence_json": args.convergence_json,
+    changes: dict[str, Any] = {"convergence": conv, "convergence_json": tuple(args.convergence_json or ()),
                                "mechanisms": tuple(m for m in base.mechanisms if m not in args.skip)}
     for key in ("ondemand", "spot", "traces_root"):
         if getattr(args, key) is not None:
