@@ -289,3 +289,40 @@ def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
                          [one, _saved([("vanilla", 1)], overrides=("exploration.seeds_per_prompt=64",))])
     no_budget = {"runs": _saved([("vanilla", 2)])["runs"]}  # benchmarks/convergence.py output keeps none
     assert len(merge_saved_runs([Path("a.json"), Path("c.json")], [one, no_budget])) == 2
+
+
+def test_paired_gain_uses_common_validations_of_the_same_seeds():
+    from roll_spotlight.benchmarks.convergence import paired_gain, summarize
+
+    def rec(setting, seed, values, step=2):
+        return RunRecord(setting, seed, "finished", 1.0,
+                         [{"iteration": i * step, "val_reward": v} for i, v in enumerate(values)])
+
+    records = [rec("vanilla", 0, [0.5, 0.52, 0.54, 0.56]), rec("spotlight", 0, [0.5, 0.55, 0.56, 0.60]),
+               rec("vanilla", 1, [0.5, 0.50, 0.52, 0.58]), rec("spotlight", 1, [0.5, 0.51, 0.50]),  # stopped early
+               rec("spotlight", 7, [0.5, 0.9])]                                                   # no vanilla twin
+    g = paired_gain(records, "spotlight")
+    assert g["seeds"] == [0, 1]
+    # seed 0: (0.03 + 0.02 + 0.04) / 3; seed 1 over iterations 2 and 4 only: (0.01 - 0.02) / 2
+    assert g["curve"]["per_seed"] == pytest.approx([0.03, -0.005])
+    assert g["final"]["per_seed"] == pytest.approx([0.04, -0.02])
+    assert g["curve"]["mean"] == pytest.approx(0.0125)
+    assert g["curve"]["se"] == pytest.approx(np.std([0.03, -0.005], ddof=1) / np.sqrt(2))
+    assert paired_gain(records, "fresh") is None
+    assert paired_gain([rec("vanilla", 0, [0.5]), rec("spotlight", 0, [0.5])], "spotlight") is None
+    summary = summarize(records, 0.55, "given")
+    assert summary["final_mean"]["spotlight"] == pytest.approx((0.60 + 0.50 + 0.9) / 3)
+    assert set(summary["paired_vs_vanilla"]) == {"spotlight"}
+
+
+def test_report_shows_the_paired_differences():
+    from roll_spotlight.benchmarks.convergence import summarize
+    from roll_spotlight.benchmarks.report import _convergence_section
+
+    records = [RunRecord(s, seed, "finished", 1.0, [{"iteration": 0, "val_reward": 0.5},
+                                                    {"iteration": 2, "val_reward": v}])
+               for s, seed, v in [("vanilla", 0, 0.55), ("spotlight", 0, 0.57), ("vanilla", 1, 0.53),
+                                  ("spotlight", 1, 0.54)]]
+    conv = {"summary": summarize(records, None, "given"), "runs": []}
+    text = _convergence_section({"convergence": conv}, {})
+    assert "| spotlight | 2 | 0.5550 | +0.0150 +- 0.0050 | +0.0150 +- 0.0050 |" in text

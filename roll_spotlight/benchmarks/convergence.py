@@ -193,10 +193,44 @@ def estimate(setting: str, records: Sequence[RunRecord], target: float | None) -
                               per_run, horizons)
 
 
+def paired_gain(records: Sequence[RunRecord], setting: str, reference: str = "vanilla") -> dict | None:
+    """``setting`` minus ``reference`` on the same training seeds, over the validations both runs made.
+
+    Per seed: the mean over the common evaluated iterations after 0 of the difference in validation
+    reward ("curve", which uses every evaluation, not only the first crossing of a target), and the
+    difference at the last common iteration ("final"). Across seeds: mean, standard error (n - 1)
+    and the per-seed values. None when no seed has both runs evaluated after iteration 0.
+    """
+    ref = {r.seed: {p["iteration"]: p["val_reward"] for p in r.curve} for r in records if r.setting == reference}
+    curve, final, seeds = [], [], []
+    for r in records:
+        if r.setting != setting or r.seed not in ref:
+            continue
+        mine = {p["iteration"]: p["val_reward"] for p in r.curve}
+        common = sorted(i for i in set(mine) & set(ref[r.seed]) if i > 0)
+        if not common:
+            continue
+        seeds.append(r.seed)
+        curve.append(statistics.fmean(mine[i] - ref[r.seed][i] for i in common))
+        final.append(mine[common[-1]] - ref[r.seed][common[-1]])
+    if not seeds:
+        return None
+
+    def spread(values: list[float]) -> dict:
+        se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
+        return {"mean": statistics.fmean(values), "se": se, "per_seed": values}
+
+    return {"reference": reference, "seeds": seeds, "curve": spread(curve), "final": spread(final)}
+
+
 def summarize(records: Sequence[RunRecord], target: float | None, rule: str) -> dict:
     settings = sorted({r.setting for r in records}, key=list(SETTINGS).index)
+    finals = {s: [r.curve[-1]["val_reward"] for r in records if r.setting == s and r.horizon >= 1] for s in settings}
+    gains = {s: paired_gain(records, s) for s in settings if s != "vanilla"}
     return {"target": target, "target_rule": rule, "base_val_reward": base_score(records),
-            "estimates": {s: asdict(estimate(s, records, target)) for s in settings}}
+            "estimates": {s: asdict(estimate(s, records, target)) for s in settings},
+            "final_mean": {s: statistics.fmean(v) for s, v in finals.items() if v},
+            "paired_vs_vanilla": {s: g for s, g in gains.items() if g is not None}}
 
 
 # ------------------------------------------------------------------------------ running

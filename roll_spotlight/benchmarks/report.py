@@ -204,6 +204,16 @@ def _convergence_section(result, figs) -> str:
     for name, e in (summary.get("estimates") or {}).items():
         lines.append(f"| {name} | {e['runs']} | {e['reached']} | {list(e['per_run'])} | {list(e['horizons'])} | "
                      f"{_f(e['value'], 1)} | {e['bound']} |")
+    gains = summary.get("paired_vs_vanilla") or {}
+    if gains:
+        lines += ["", "Paired by training seed against vanilla (validations both runs made after iteration 0; "
+                  "mean +- standard error over seeds): the curve is the mean difference over those validations, "
+                  "the final the difference at the last one.", "",
+                  "| setting | seeds | mean final val reward | curve difference | final difference |",
+                  "|---|---|---|---|---|"]
+        for name, g in gains.items():
+            lines.append(f"| {name} | {len(g['seeds'])} | {_f((summary.get('final_mean') or {}).get(name))} | "
+                         f"{_pm(g['curve'])} | {_pm(g['final'])} |")
     lines += ["", "| setting | seed | status | wall s | last iteration evaluated | final val reward | median s / "
               "iteration | mean stale-vs-fresh Spearman |", "|---|---|---|---|---|---|---|---|"]
     for r in conv.get("runs") or []:
@@ -217,6 +227,11 @@ def _convergence_section(result, figs) -> str:
                   "the headline's totals are 'not measured'; only the simulated per-iteration factors stand."]
     lines += ["", _img(figs, "convergence", "convergence")]
     return "\n".join(lines)
+
+
+def _pm(spread: dict) -> str:
+    se = spread.get("se")
+    return f"{spread['mean']:+.4f}" + (f" +- {se:.4f}" if se is not None else "")
 
 
 def _mechanism_section(result, figs) -> str:
