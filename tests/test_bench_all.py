@@ -185,6 +185,9 @@ def test_convergence_figure_adds_a_rank_panel_only_for_runs_that_explored(tmp_pa
     two = plot_convergence([vanilla, stale], 0.61, tmp_path / "two.png")
     assert Image.open(one).size == (700, 400)
     assert Image.open(two).size == (1200, 400)
+    titled = plot_convergence([vanilla, stale], 0.61, tmp_path / "titled.png", subtitle="64 seeds explored")
+    assert Image.open(titled).size == (1200, 400)
+    assert np.asarray(Image.open(titled)).tobytes() != np.asarray(Image.open(two)).tobytes()
 
 
 def test_training_runs_share_one_deadline(tmp_path, monkeypatch):

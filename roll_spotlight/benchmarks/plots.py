@@ -114,12 +114,14 @@ def _timeline_panel(ax, timeline, horizon: float) -> None:
     ax.set_yticklabels(gpus, fontsize=5)
 
 
-def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, path: Path) -> Path:
+def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, path: Path,
+                     subtitle: str | None = None) -> Path:
     """Validation reward against iteration for every run (MEASURED on the tiny task) and, when any
     run explored with stale weights, a second panel with its stale-vs-fresh Spearman correlations
     in the order they were logged. Records keep the correlations without their iterations, and an
     iteration with no explored seed among its rollouts logs none, so the panel counts them rather
-    than naming iterations (with one per iteration from the second on, the n-th is iteration n+1)."""
+    than naming iterations (with one per iteration from the second on, the n-th is iteration n+1).
+    ``subtitle`` goes under the left panel's title (e.g. what a sensitivity run changed)."""
     plt = _pyplot()
     ranked = [run for run in runs if run.get("rank_spearman")]
     fig, axes = plt.subplots(1, 2 if ranked else 1, figsize=(12 if ranked else 7, 4), squeeze=False)
@@ -130,7 +132,8 @@ def plot_convergence(runs: Sequence[Mapping[str, Any]], target: float | None, pa
                 color=BASELINE_COLOURS.get(run["setting"], "black"), label=f"{run['setting']} seed {run['seed']}")
     if target is not None:
         ax.axhline(target, linestyle="--", color="black", linewidth=1, label=f"target {target:.3f}")
-    ax.set(xlabel="iteration", ylabel="validation reward", title="Tiny task convergence (MEASURED, CPU)")
+    title = "Tiny task convergence (MEASURED, CPU)" + (f"\n{subtitle}" if subtitle else "")
+    ax.set(xlabel="iteration", ylabel="validation reward", title=title)
     ax.legend(fontsize=7)
     if ranked:
         rax = axes[0][1]
