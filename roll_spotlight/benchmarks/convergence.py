@@ -160,6 +160,11 @@ def base_score(records: Sequence[RunRecord]) -> float | None:
     return statistics.fmean(scores) if scores else None
 
 
+def final_scores(records: Sequence[RunRecord], setting: str) -> list[float]:
+    """The last validation reward of each run of ``setting`` evaluated after iteration 0."""
+    return [r.curve[-1]["val_reward"] for r in records if r.setting == setting and r.horizon >= 1]
+
+
 def choose_target(records: Sequence[RunRecord], explicit: float | None) -> tuple[float | None, str]:
     """The target and the rule that produced it.
 
@@ -169,7 +174,7 @@ def choose_target(records: Sequence[RunRecord], explicit: float | None) -> tuple
     """
     if explicit is not None:
         return explicit, f"given: {explicit:.4f}"
-    finals = [r.curve[-1]["val_reward"] for r in records if r.setting == "vanilla" and r.horizon >= 1]
+    finals = final_scores(records, "vanilla")
     if not finals:
         return None, "no vanilla run evaluated after iteration 0: no target"
     target = statistics.fmean(finals)
@@ -225,7 +230,7 @@ def paired_gain(records: Sequence[RunRecord], setting: str, reference: str = "va
 
 def summarize(records: Sequence[RunRecord], target: float | None, rule: str) -> dict:
     settings = sorted({r.setting for r in records}, key=list(SETTINGS).index)
-    finals = {s: [r.curve[-1]["val_reward"] for r in records if r.setting == s and r.horizon >= 1] for s in settings}
+    finals = {s: final_scores(records, s) for s in settings}
     gains = {s: paired_gain(records, s) for s in settings if s != "vanilla"}
     return {"target": target, "target_rule": rule, "base_val_reward": base_score(records),
             "estimates": {s: asdict(estimate(s, records, target)) for s in settings},

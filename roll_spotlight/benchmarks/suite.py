@@ -282,15 +282,14 @@ def merge_saved_runs(paths: Sequence[Path], payloads: Sequence[Mapping[str, Any]
     They must have trained under the same overrides (``budget.overrides``, where saved) and must not
     repeat a (setting, seed) run; either mistake is an error naming the files.
     """
-    records, owner, overrides = [], {}, {}
+    records, owner, first = [], {}, None
     for path, payload in zip(paths, payloads):
         saved = (payload.get("budget") or {}).get("overrides")
         if saved is not None:
-            overrides.setdefault(tuple(saved), path)
-            if len(overrides) > 1:
-                (a, pa), (b, pb) = list(overrides.items())[:2]
-                raise ValueError(f"--convergence-json: {pa} trained with overrides {list(a)} but {pb} with "
-                                 f"{list(b)}; merge only results of the same settings")
+            first = first or (saved, path)
+            if saved != first[0]:
+                raise ValueError(f"--convergence-json: {first[1]} trained with overrides {first[0]} but {path} "
+                                 f"with {saved}; merge only results of the same settings")
         for record in records_from_json(payload):
             key = (record.setting, record.seed)
             if key in owner:
