@@ -14,7 +14,7 @@ from roll_spotlight.exploration import (
     UniformPlanner,
     select_max_variance,
 )
-from roll_spotlight.exploration.planner import _two_values
+from roll_spotlight.exploration.planner import _two_values, seed_stream
 from roll_spotlight.exploration.select import max_variance
 from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, Constant
 from roll_spotlight.exploration.value import (
@@ -70,7 +70,8 @@ def run_sync(planner, reward, max_pulls=500, now_s=0.0, duration_s=1.0):
     ("abandon_tolerance", -0.1), ("base_seed", -1), ("max_lookahead_pulls", 0), ("replace_abandoned", "yes"),
     ("predicted_train_s", math.nan), ("group_size", 2.5), ("posterior", "bayes"), ("prior_bins", 1),
     ("prior_floor", 0.0), ("prior_floor", 1.5), ("prior_donor_strength", 0.0), ("prior_tempering", -1.0),
-    ("binary_prior", -1.0), ("binary_prior", math.inf), ("kind_donors", "yes"),
+    ("binary_prior", -1.0), ("binary_prior", math.inf), ("kind_donors", "yes"), ("screen_seeds", -1),
+    ("screen_seeds", 1.5),
 ])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ValueError, match=rf"PlannerConfig\.{key}"):
@@ -189,6 +190,35 @@ def test_abandonment_waits_for_the_minimum_seed_count():
     planner.observe("zero", pull.seeds[1], 1.0, 1.0)
     assert planner.is_abandoned("zero")
     assert planner.next_pull(0.0) is None, "the only prompt is abandoned and the reserve is empty"
+
+
+@pytest.mark.parametrize("cls", [BanditPlanner, UniformPlanner])
+def test_screening_pulls_are_small_until_the_rewards_differ(cls):
+    first_mixed = next(seed_stream(0, "mixed"))
+    rewards = {"zero": lambda s: 0.0, "mixed": lambda s: float(s == first_mixed), "r": lambda s: float(s % 2)}
+    planner = cls(config(group_size=8, seeds_per_pull=4, min_seeds_before_abandon=4, screen_seeds=2,
+                         predicted_train_s=40.0), ["mixed", "zero"], reserve=["r"])
+    first = [planner.next_pull(0.0) for _ in range(2)]
+    assert [(p.prompt_id, len(p.seeds)) for p in first] == [("mixed", 2), ("zero", 2)]
+    assert first[0].seeds[0] == first_mixed
+    for pull in first:
+        for seed in pull.seeds:
+            planner.observe(pull.prompt_id, seed, rewards[pull.prompt_id](seed), 1.0)
+    pulls = run_sync(planner, reward_table(rewards))
+    assert [len(p.seeds) for p in pulls if p.prompt_id == "zero"] == [2], \
+        "two equal rewards: screened with two more, then abandoned at four"
+    assert planner.is_abandoned("zero") and planner.batch == ["mixed", "r"]
+    assert {len(p.seeds) for p in pulls if p.prompt_id == "mixed"} == {4}, "its rewards differ: full pulls"
+    assert [len(p.seeds) for p in pulls if p.prompt_id == "r"][:1] == [2], "the replacement is screened too"
+    assert sum(len(p.seeds) for p in first + pulls) <= 40
+
+
+def test_screening_needs_abandonment_and_the_oracle_never_screens():
+    cfg = config(group_size=8, seeds_per_pull=4, screen_seeds=2)
+    no_abandon = BanditPlanner(dataclasses.replace(cfg, abandon_zero_variance=False), ["a"])
+    assert len(no_abandon.next_pull(0.0).seeds) == 4
+    oracle = OraclePlanner(cfg, ["b"], {"b": Bernoulli(0.5)})
+    assert len(oracle.next_pull(0.0).seeds) == 4
 
 
 def test_abandoned_prompt_stays_in_batch_without_replacement():
@@ -421,8 +451,8 @@ def test_bandit_values_two_valued_prompts_in_closed_form():
     # One success in eight: the value comes from the Beta posterior, not from Monte Carlo rows, so
     # it does not depend on the Monte Carlo settings; with binary_prior=0 it does.
     def index(**overrides):
-        planner = BanditPlanner(config(group_size=8, seeds_per_pull=4, predicted_train_s=1000.0, **overrides),
-                                ["rare"])
+        planner = BanditPlanner(config(group_size=8, seeds_per_pull=4, screen_seeds=0, predicted_train_s=1000.0,
+                                       **overrides), ["rare"])
         for rewards in ([0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]):
             pull = planner.next_pull(0.0)
             for seed, r in zip(pull.seeds, rewards):
@@ -452,7 +482,7 @@ def test_monte_carlo_columns_do_not_change_when_more_are_needed():
 # ---- selection ------------------------------------------------------------------------------------
 
 def test_selection_uses_max_variance_and_tops_up_with_fresh_seeds():
-    planner = BanditPlanner(config(group_size=4, seeds_per_pull=3, predicted_train_s=9.0), ["a", "b"])
+    planner = BanditPlanner(config(group_size=4, seeds_per_pull=3, screen_seeds=0, predicted_train_s=9.0), ["a", "b"])
     rewards = {}
     pulls = []
     for _ in range(3):

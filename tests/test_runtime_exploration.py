@@ -7,6 +7,7 @@ import torch
 
 from roll_spotlight.configuration import ConfigError
 from roll_spotlight.exploration import RankMonitor, RankReport
+from roll_spotlight.runtime.exploration import ExplorationRound
 from roll_spotlight.training.loop import run_training
 from roll_spotlight.training.metrics import read_metrics
 from tests.runtime_helpers import random_policy, tiny_config
@@ -30,6 +31,17 @@ def _run(tmp_path, name, *extra, **kw):
 def test_budget_below_group_size_is_rejected():
     with pytest.raises(ConfigError, match="exploration.seeds_per_prompt"):
         tiny_config("exploration.mode=stale", "exploration.seeds_per_prompt=2")
+
+
+def test_screen_seeds_is_checked_and_reaches_the_planner():
+    with pytest.raises(ConfigError, match="exploration.screen_seeds"):
+        tiny_config("exploration.mode=stale", "exploration.screen_seeds=-1")
+    cfg = tiny_config(*EXPLORE, "exploration.mode=stale", "exploration.seeds_per_pull=4",
+                      "exploration.min_seeds_before_abandon=4", "exploration.screen_seeds=2")
+    explore = ExplorationRound(cfg.exploration, cfg.train.group_size, [(0, "a square"), (1, "a red circle")],
+                               schedule=None, weight_version=0, iteration=1, run_seed=0)
+    assert explore.planner.config.screen_seeds == 2
+    assert [len(explore.planner.next_pull(0.0).seeds) for _ in range(2)] == [2, 2]
 
 
 def test_stale_mode_explores_next_prompts_and_monitors_rank(tmp_path):

@@ -18,8 +18,10 @@ ratios of the per-method means over bench seeds ("ratio of means"); the median o
 is reported next to them. ``decision_time_ms_per_pull`` is the median wall time of the bandit's
 ``next_pull`` calls that returned a pull (the lazily refreshed arm values included).
 
-Methods: ``planner`` (BanditPlanner, default pooled posterior), ``planner_population`` (the same
-bandit with the population prior of ``prior.py``: an ablation), ``uniform`` (uniform allocation:
+Methods: ``planner`` (BanditPlanner, default settings: pooled posterior, zero-variance screening with
+``screen_seeds`` = 2), ``planner_population`` (the same bandit with the population prior of
+``prior.py``: an ablation), ``planner_unscreened`` (the bandit with ``screen_seeds`` = 0: every first
+look is a full pull; an ablation), ``uniform`` (uniform allocation:
 plain round robin of the same budget, every batch prompt gets the same number
 of explored seeds; no abandonment, no replacement), ``uniform_abandon`` (the same round robin plus
 the planner's own abandonment of all-equal prompts and replacement from the reserve: a stricter
@@ -30,9 +32,8 @@ Headline ratios: ``planner_over_uniform`` and ``oracle_over_uniform`` are agains
 uniform allocation, so they credit the planner with everything it adds to it (allocation,
 abandonment, replacement). ``planner_over_uniform_with_abandon``
 and ``oracle_over_uniform_with_abandon`` are against ``uniform_abandon``: abandonment and replacement
-are then on both sides, so they isolate the value of the allocation itself (at budgets where one
-pull per prompt is about the whole budget the bandit explores every prompt once, as the round robin
-does, and this ratio is about 1). ``planner_over_oracle`` is against ``oracle``; ``oracle_over_*``
+are then on both sides, so they isolate the value of the allocation itself (the round robin screens
+with ``screen_seeds`` too, so screening is on both sides as well). ``planner_over_oracle`` is against ``oracle``; ``oracle_over_*``
 show how much room any allocation has on this prompt mix and budget. The JSON's ``baselines`` says
 what each denominator is.
 
@@ -72,7 +73,8 @@ from roll_spotlight.exploration.planner import (
 )
 from roll_spotlight.exploration.synthetic import RewardDist, population_variance, random_prompt_set, reward_of
 
-METHODS = ("planner", "planner_population", "uniform", "uniform_abandon", "oracle", "no_exploration")
+METHODS = ("planner", "planner_population", "planner_unscreened", "uniform", "uniform_abandon", "oracle",
+           "no_exploration")
 
 BASELINES = {
     "uniform": "uniform allocation: plain round robin over the batch (fewest "
@@ -88,9 +90,23 @@ BASELINES = {
 KIND = ("synthetic reward distributions in an event-driven simulation of spot workers (not a cluster "
         "measurement); decision times measured on the machine that ran it")
 
-BUDGET_NOTE = ("6.4 seeds per prompt is the budget the simulator's cost model gives at 512x512 (train step "
-               "121.8 s x 8 spot GPUs / 2.38 s per rollout = 0.8 group's worth of seeds per prompt), scaled "
-               "to group_size 8")
+def cost_model_groups_per_prompt(resolution: int = 512, ondemand_gpus: int = 8, spot_gpus: int = 8) -> float:
+    """Explored seeds per prompt, in groups, that the simulator's cost model (``sim.costmodel``, Flow-GRPO
+    on Qwen-Image) affords: spot GPUs explore for one training step on the on-demand GPUs, one image
+    per SP group at a time, with the exploration sampler, spread over the iteration's prompts."""
+    from roll_spotlight.sim.costmodel import CostModel
+
+    cost = CostModel()
+    degree = cost.preferred_sp(resolution)
+    train_s = cost.train_s(cost.images_per_iteration(), resolution, ondemand_gpus)
+    images = train_s * (spot_gpus // degree) / cost.rollout_s(resolution, degree, int(cost.explore_steps))
+    return images / cost.prompts_per_iteration / cost.group_size
+
+
+BUDGET_NOTE = ("the default budget is what the simulator's cost model affords at 512x512 with 8 spot GPUs "
+               "beside 8 on-demand (train step 121.8 s x 8 spot GPUs / 2.38 s per exploration rollout = 0.8 "
+               "group's worth of seeds per prompt: cost_model_groups_per_prompt), at the bench's group_size "
+               "(6.4 seeds per prompt for groups of 8); 1280x1280 with SP 4 affords 0.71")
 
 # The population posterior's own settings (tuned on bench seeds 0..19, the reporting range, before the tuning range was set apart).
 POPULATION_POSTERIOR = dict(posterior="population", prior_strength=4.0, prior_tempering=0.5)
@@ -137,6 +153,8 @@ def _build(method: str, setup: BenchSetup, task: _Task) -> ExplorationPlanner:
         return BanditPlanner(cfg, task.prompts, task.reserve)
     if method == "planner_population":
         return BanditPlanner(replace(cfg, **POPULATION_POSTERIOR), task.prompts, task.reserve)
+    if method == "planner_unscreened":
+        return BanditPlanner(replace(cfg, screen_seeds=0), task.prompts, task.reserve)
     if method == "uniform":
         return UniformPlanner(replace(cfg, abandon_zero_variance=False), task.prompts, task.reserve)
     if method == "uniform_abandon":
@@ -233,14 +251,15 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
                       methods: Sequence[str] = METHODS, first_seed: int = 0) -> dict:
     """Run every method on ``seeds`` synthetic prompt sets; returns a JSON-serialisable dict.
 
-    ``budget_pulls`` defaults to the round robin giving every prompt 3 * group_size seeds. The bench
+    ``budget_pulls`` defaults to the cost model's budget (``BUDGET_NOTE``): 0.8 * group_size explored
+    seeds per prompt. The bench
     seeds are ``first_seed .. first_seed + seeds - 1``: tune the planner on a range other than the
     one reported (0..19), so the reported ratios are not fitted to their own prompt sets.
     """
     if isinstance(first_seed, bool) or not isinstance(first_seed, int) or first_seed < 0:
         raise ValueError(f"first_seed must be an integer >= 0, got {first_seed!r}")
     if budget_pulls is None:
-        budget_pulls = 3 * n_prompts * group_size // seeds_per_pull
+        budget_pulls = max(1, round(cost_model_groups_per_prompt() * group_size * n_prompts / seeds_per_pull))
     machine = {"cpu_count": os.cpu_count(), "load_average_before": _machine_load()}
     setup = BenchSetup(n_prompts, group_size, seeds_per_pull, budget_pulls, workers, preempted_workers)
     scores: dict[str, list[float]] = {m: [] for m in methods}
@@ -258,8 +277,9 @@ def run_planner_bench(seeds: int = 20, n_prompts: int = 64, group_size: int = 8,
     return _report(setup, seeds, first_seed, scores, infos, decision_ms, machine)
 
 
-SWEEP_METHODS = ("planner", "uniform", "uniform_abandon", "oracle")
+SWEEP_METHODS = ("planner", "planner_unscreened", "uniform", "uniform_abandon", "oracle")
 SWEEP_KEYS = ("planner_over_uniform", "planner_over_uniform_with_abandon", "planner_over_oracle",
+              "planner_unscreened_over_uniform", "planner_unscreened_over_oracle",
               "oracle_over_uniform", "oracle_over_uniform_with_abandon")
 
 
@@ -319,6 +339,8 @@ def _report(setup: BenchSetup, seeds: int, first_seed: int, scores: dict, infos:
         "planner_population_over_uniform": _ratio(scores, "planner_population", "uniform")[0],
         "planner_population_over_uniform_with_abandon": _ratio(scores, "planner_population", "uniform_abandon")[0],
         "planner_population_over_oracle": _ratio(scores, "planner_population", "oracle")[0],
+        "planner_unscreened_over_uniform": _ratio(scores, "planner_unscreened", "uniform")[0],
+        "planner_unscreened_over_oracle": _ratio(scores, "planner_unscreened", "oracle")[0],
         "decision_time_ms_per_pull": float(np.median(planner_ms)) if planner_ms else None,
         "decision_time_ms_p90": float(np.percentile(planner_ms, 90)) if planner_ms else None,
         "decision_time_ms_per_pull_by_planner": {m: float(np.median(v)) for m, v in decision_ms.items() if v},
@@ -353,14 +375,15 @@ def _format(result: dict) -> str:
              f"+- {r['selected_variance']['std']:.4f}" for m, r in result["methods"].items()]
     for key in ("planner_over_uniform", "planner_over_uniform_with_abandon", "planner_over_oracle",
                 "oracle_over_uniform", "oracle_over_uniform_with_abandon", "planner_population_over_uniform",
-                "decision_time_ms_per_pull"):
+                "planner_unscreened_over_uniform", "planner_unscreened_over_oracle", "decision_time_ms_per_pull"):
         value = result[key]
         lines.append(f"{key}: {value:.3f}" if value is not None else f"{key}: n/a")
     lines.append(f"decision time: {result['decision_time_note']}")
     for row in result.get("budget_sweep", []):
         lines.append(f"budget {row['seeds_per_prompt']:g} seeds/prompt: planner/uniform {row['planner_over_uniform']:.3f}, "
                      f"planner/uniform with abandonment {row['planner_over_uniform_with_abandon']:.3f}, "
-                     f"planner/oracle {row['planner_over_oracle']:.3f}, oracle/uniform {row['oracle_over_uniform']:.3f}")
+                     f"planner/oracle {row['planner_over_oracle']:.3f}, oracle/uniform {row['oracle_over_uniform']:.3f}, "
+                     f"unscreened planner/oracle {row['planner_unscreened_over_oracle']:.3f}")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ class ExplorationRound:
         budget = float(cfg.seeds_per_prompt * len(prompts))
         planner_cfg = PlannerConfig(group_size=group_size, seeds_per_pull=cfg.seeds_per_pull,
                                     min_seeds_before_abandon=cfg.min_seeds_before_abandon,
+                                    screen_seeds=cfg.screen_seeds,
                                     replace_abandoned=False, predicted_train_s=budget, spot_workers=1,
                                     per_seed_s=1.0, cost_ewma=1.0, base_seed=_mix(run_seed, iteration))
         self.planner = PLANNERS[cfg.planner](planner_cfg, list(range(len(prompts))))

@@ -161,7 +161,11 @@ class ExplorationConfig:
     then regenerate the selected seeds with fresh weights at t+1).
     `seeds_per_prompt` is the exploration budget, in explored seeds per prompt on average; the
     planner decides how to spend it. Below `rank_threshold` (Spearman, stale vs fresh rewards of the
-    same seeds) the run falls back to `fallback` seeds and says so.
+    same seeds) the run falls back to `fallback` seeds and says so. `screen_seeds` > 0 makes the
+    planner's first looks at a prompt that small until its rewards differ or
+    `min_seeds_before_abandon` equal ones abandon it (`PlannerConfig.screen_seeds`); 0, the default
+    here, is what the tiny-task convergence studies ran: prompts are not replaced in this runtime, so
+    the screening gain measured by `spotlight bench planner` (with replacement) does not carry over.
     """
 
     mode: Literal["off", "fresh", "stale"] = "off"
@@ -169,6 +173,7 @@ class ExplorationConfig:
     seeds_per_prompt: int = 16
     seeds_per_pull: int = 4
     min_seeds_before_abandon: int = 4
+    screen_seeds: int = 0
     rank_threshold: float = 0.0
     fallback: Literal["random", "fresh"] = "random"
 
@@ -177,6 +182,7 @@ class ExplorationConfig:
         _require(self.seeds_per_pull >= 1, "exploration.seeds_per_pull", self.seeds_per_pull, "must be >= 1")
         _require(self.min_seeds_before_abandon >= 2, "exploration.min_seeds_before_abandon",
                  self.min_seeds_before_abandon, "must be >= 2")
+        _require(self.screen_seeds >= 0, "exploration.screen_seeds", self.screen_seeds, "must be >= 0")
         _require(-1.0 <= self.rank_threshold <= 1.0, "exploration.rank_threshold", self.rank_threshold,
                  "must be in [-1, 1]")
 
