@@ -244,6 +244,21 @@ def test_report_lists_the_regroup_speedup_with_and_without_the_step():
     assert "| regroup | speedup | 65.0x | >= 50 | - |" in older_text and "included" not in older_text
 
 
+def test_report_lists_the_planner_budget_and_ablation():
+    from roll_spotlight.benchmarks.report import _mechanism_section
+
+    planner = {"planner_over_uniform": 1.292, "planner_over_uniform_with_abandon": 1.127, "planner_over_oracle": 0.930,
+               "planner_unscreened_over_oracle": 0.884, "decision_time_ms_per_pull": 0.269,
+               "setup": {"n_prompts": 64, "group_size": 8, "seeds_per_pull": 4, "budget_pulls": 102}}
+    text = _mechanism_section({"mechanisms": {"planner": planner}}, {})
+    assert "| planner | planner_over_oracle | 0.930 | >= 0.9 | - |" in text
+    assert "no screening) | 0.884 |" in text
+    assert "| planner | budget: explored seeds per prompt (groups of 8; the simulator's cost model at 512x512) | 6.38 |" in text
+    older = {k: v for k, v in planner.items() if k not in ("planner_unscreened_over_oracle", "setup")}
+    older_text = _mechanism_section({"mechanisms": {"planner": older}}, {})
+    assert "screening" not in older_text and "budget" not in older_text
+
+
 def test_cli_picks_convergence_settings_and_seeds():
     from roll_spotlight.benchmarks.suite import build_parser, config_from_args
 

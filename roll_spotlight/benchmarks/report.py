@@ -246,7 +246,15 @@ def _mechanism_section(result, figs) -> str:
                      f"all-equal prompts) | {_f(p['planner_over_uniform_with_abandon'], 3)} | - | - |"]
                     if "planner_over_uniform_with_abandon" in p else []),
                   f"| planner | planner_over_oracle | {_f(p['planner_over_oracle'], 3)} | >= 0.9 | - |",
+                  *([f"| planner | planner_unscreened_over_oracle (ablation: full first pulls, no screening) "
+                     f"| {_f(p['planner_unscreened_over_oracle'], 3)} | - | - |"]
+                    if p.get("planner_unscreened_over_oracle") is not None else []),
                   f"| planner | decision ms / pull (median) | {_f(p['decision_time_ms_per_pull'], 3)} | < 1 | - |"]
+        setup = p.get("setup") or {}
+        if setup.get("budget_pulls") and setup.get("n_prompts"):
+            per_prompt = setup["budget_pulls"] * setup["seeds_per_pull"] / setup["n_prompts"]
+            lines.append(f"| planner | budget: explored seeds per prompt (groups of {setup['group_size']}; "
+                         f"the simulator's cost model at 512x512) | {per_prompt:.2f} | - | - |")
     g = mech.get("regroup") or {}
     if "warm_regroup_median_s" in g:
         lost = " (time lost)" if "definition" in g else ""
