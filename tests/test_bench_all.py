@@ -259,6 +259,15 @@ def test_report_lists_the_planner_budget_and_ablation():
     assert "screening" not in older_text and "budget" not in older_text
 
 
+def test_report_mean_rank_skips_undefined_correlations():
+    from roll_spotlight.benchmarks.report import _mean_rank
+
+    assert _mean_rank([]) == "-"
+    assert _mean_rank([0.5, 0.7]) == "0.6000"
+    assert _mean_rank([0.5, float("nan"), 0.7]) == "0.6000 (2 of 3 defined)"
+    assert _mean_rank([float("nan")]) == "undefined in all 1"
+
+
 def test_cli_picks_convergence_settings_and_seeds():
     from roll_spotlight.benchmarks.suite import build_parser, config_from_args
 

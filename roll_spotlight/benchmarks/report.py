@@ -7,6 +7,7 @@ and a simulated factor says so. Nothing here computes a result; it formats ``run
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 from pathlib import Path
@@ -218,10 +219,8 @@ def _convergence_section(result, figs) -> str:
               "iteration | mean stale-vs-fresh Spearman |", "|---|---|---|---|---|---|---|---|"]
     for r in conv.get("runs") or []:
         final = r["curve"][-1]["val_reward"] if r["curve"] else None
-        ranks = r.get("rank_spearman") or []
         lines.append(f"| {r['setting']} | {r['seed']} | {r['status']} | {r['wall_s']:.0f} | {r['horizon']} | "
-                     f"{_f(final)} | {_f(r.get('iteration_s_median'), 1)} | "
-                     f"{_f(sum(ranks) / len(ranks)) if ranks else '-'} |")
+                     f"{_f(final)} | {_f(r.get('iteration_s_median'), 1)} | {_mean_rank(r.get('rank_spearman'))} |")
     if summary.get("target") is None:
         lines += ["", "**Iterations-to-target could not be measured** in this run (see the target rule above), so "
                   "the headline's totals are 'not measured'; only the simulated per-iteration factors stand."]
@@ -232,6 +231,18 @@ def _convergence_section(result, figs) -> str:
 def _pm(spread: dict) -> str:
     se = spread.get("se")
     return f"{spread['mean']:+.4f}" + (f" +- {se:.4f}" if se is not None else "")
+
+
+def _mean_rank(ranks) -> str:
+    """Mean of the logged correlations that are defined: a Spearman of rewards that are all equal
+    (a pass / fail reward where every regenerated seed failed) is NaN and says nothing about rank."""
+    if not ranks:
+        return "-"
+    defined = [x for x in ranks if math.isfinite(x)]
+    if not defined:
+        return f"undefined in all {len(ranks)}"
+    mean = _f(sum(defined) / len(defined))
+    return mean if len(defined) == len(ranks) else f"{mean} ({len(defined)} of {len(ranks)} defined)"
 
 
 def _mechanism_section(result, figs) -> str:
