@@ -40,29 +40,38 @@ def test_sde_step_matches_closed_form_and_normal_density(sigma, sigma_next):
     std = std_t * math.sqrt(-dt)
     torch.testing.assert_close(res.mean.double(), mean, atol=1e-5, rtol=1e-5)
     assert float(res.std) == pytest.approx(std, rel=1e-6)
+    assert float(res.kl_std) == pytest.approx(std_t, rel=1e-6)
     torch.testing.assert_close(res.prev_sample.double(), mean + std * eps.double(), atol=1e-5, rtol=1e-5)
     expected = _normal_log_prob(res.prev_sample, res.mean, torch.full_like(res.mean, std))
     torch.testing.assert_close(res.log_prob.double(), expected, atol=1e-5, rtol=1e-6)
     assert res.log_prob.shape == (SHAPE[0],) and res.prev_sample.dtype == torch.float32
 
 
-def test_cps_step_matches_closed_form_and_normal_density():
+@pytest.mark.parametrize("kind", ["cps", "cps_gaussian"])
+def test_cps_step_matches_closed_form_and_its_log_prob(kind):
+    """Both cps kinds take the same step; "cps" scores it as flow_grpo does, -(x' - mean)^2
+    averaged, "cps_gaussian" with the normal density."""
     v, x, eps = _inputs(1)
     sigma, sigma_next, a = 0.8, 0.6, 0.5
-    res = sde_step(v, x, sigma, sigma_next, noise_level=a, kind="cps", noise=eps)
+    res = sde_step(v, x, sigma, sigma_next, noise_level=a, kind=kind, noise=eps)
     std = sigma_next * math.sin(a * math.pi / 2)
     x0, eps_hat = x.double() - sigma * v.double(), x.double() + (1 - sigma) * v.double()
     mean = x0 * (1 - sigma_next) + eps_hat * math.sqrt(sigma_next**2 - std**2)
     torch.testing.assert_close(res.mean.double(), mean, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(res.prev_sample.double(), mean + std * eps.double(), atol=1e-5, rtol=1e-5)
-    expected = _normal_log_prob(res.prev_sample, res.mean, torch.full_like(res.mean, std))
+    assert float(res.kl_std) == pytest.approx(std, rel=1e-6)
+    if kind == "cps":
+        expected = -((res.prev_sample.double() - res.mean.double()) ** 2).reshape(SHAPE[0], -1).mean(1)
+    else:
+        expected = _normal_log_prob(res.prev_sample, res.mean, torch.full_like(res.mean, std))
     torch.testing.assert_close(res.log_prob.double(), expected, atol=1e-5, rtol=1e-6)
 
 
-def test_cps_onto_zero_sigma_is_deterministic_with_zero_log_prob():
+@pytest.mark.parametrize("kind", ["cps", "cps_gaussian"])
+def test_cps_onto_zero_sigma_is_deterministic_with_zero_log_prob(kind):
     v, x, eps = _inputs(2)
-    res = sde_step(v, x, 0.02, 0.0, noise_level=0.5, kind="cps", noise=eps)
-    assert float(res.std) == 0.0
+    res = sde_step(v, x, 0.02, 0.0, noise_level=0.5, kind=kind, noise=eps)
+    assert float(res.std) == 0.0 and float(res.kl_std) == 0.0
     assert torch.equal(res.log_prob, torch.zeros(SHAPE[0]))
     torch.testing.assert_close(res.prev_sample, x - 0.02 * v)
 
@@ -154,6 +163,7 @@ def test_invalid_arguments_raise_value_error(kwargs, match):
 
 def test_step_kind_parse_accepts_enum_and_string():
     assert StepKind.parse("cps") is StepKind.CPS and StepKind.parse(StepKind.ODE) is StepKind.ODE
+    assert StepKind.parse("cps_gaussian") is StepKind.CPS_GAUSSIAN
 
 
 def test_splitmix64_matches_the_published_reference_output():

@@ -1,10 +1,10 @@
 """Flow-GRPO math as pure tensor functions (torch only; no diffusers, ray or torch.distributed).
 
-- step:       sde_step (kinds "sde", "cps", "ode") -> StepResult with the transition's log-density
+- step:       sde_step (kinds "sde", "cps", "cps_gaussian", "ode") -> StepResult with the log-prob
 - noise:      per-sample seeded noise, so trajectories are pure functions of their seeds
 - schedule:   Qwen-Image's sigma schedule (equal to diffusers' FlowMatchEulerDiscreteScheduler)
 - advantages: group-relative advantages with the zero-std mask
-- loss:       PPO-clip policy loss plus the Gaussian-mean KL to a reference
+- loss:       PPO-clip policy loss plus flow_grpo's KL to a reference
 - window:     which steps get noise
 - rollout:    seeded, resumable rollouts and training-time log-prob recomputation
 """
@@ -14,7 +14,7 @@ from .loss import PolicyLoss, gaussian_mean_kl, policy_loss
 from .noise import INITIAL_NOISE_STEP, initial_noise, noise_seed, step_noise
 from .rollout import RolloutHistory, RolloutState, Trajectory, VelocityFn, recompute_log_probs, rollout
 from .schedule import calculate_shift, sigma_schedule
-from .step import StepKind, StepResult, gaussian_log_prob, sde_step
+from .step import StepKind, StepResult, cps_log_prob, gaussian_log_prob, sde_step
 from .window import SdeWindow, sde_window_steps
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Trajectory",
     "VelocityFn",
     "calculate_shift",
+    "cps_log_prob",
     "gaussian_log_prob",
     "gaussian_mean_kl",
     "group_advantages",

@@ -2,13 +2,16 @@
 
     ratio = exp(logp - logp_old)
     policy_loss = mean_b max(-A ratio, -A clamp(ratio, 1 - c, 1 + c))
-    kl = mean_b mean_dims (mean - ref_mean)^2 / (2 std^2)      (KL of two Gaussians sharing std)
+    kl = mean_b [ mean_dims (mean - ref_mean)^2 / (2 kl_std^2) ]
     loss = policy_loss + kl_beta kl
 
 The clip range is tiny (1e-4 typical) because one step's log-density moves a lot per update. The
-KL is the exact KL between the policy's and the reference's transition Gaussians, which share std
-(std depends on the schedule only), so it needs only the two means. Diagnostics (clip_fraction,
-ratio_mean, approx_kl = 0.5 mean (logp - logp_old)^2) are detached floats-as-tensors.
+KL is flow_grpo's, so that its users' kl_beta carries over: `std` is the step's `kl_std`
+(step.py), flow_grpo's std_dev_t. For "cps" that makes it the exact KL between the policy's and the
+reference's transition Gaussians (they share std, which depends on the schedule only); for "sde"
+std_dev_t leaves out the transition's sqrt(-dt), so the term is the exact KL times |dt| (a sixth to
+a fiftieth of it on a 10-step Qwen-Image schedule). Diagnostics (clip_fraction, ratio_mean,
+approx_kl = 0.5 mean (logp - logp_old)^2) are detached floats-as-tensors.
 Computed in float32, upcast once: logp - logp_old is a difference of two large, nearly equal
 numbers; in bf16 it would round to a multiple of the ratio's whole clip range.
 """
@@ -33,10 +36,20 @@ class PolicyLoss:
 
 
 def gaussian_mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, std^2) || N(ref_mean, std^2)) averaged over non-batch dims, then over the batch."""
+    """flow_grpo's KL term: mean_dims (mean - ref_mean)^2 / (2 std^2) per sample, then over the batch.
+
+    `std` is 0-d or (B, 1, ..., 1): pass the step's `kl_std`. With a given std this is
+    KL(N(mean, std^2) || N(ref_mean, std^2)) averaged over dims. A sample with std == 0 (a
+    deterministic step, e.g. "cps" onto sigma 0) contributes 0: flow_grpo's formula divides by zero
+    there, and its scripts never train that step.
+    """
     mean, ref_mean, std = mean.float(), ref_mean.detach().float(), std.detach().float()
-    per_element = (mean - ref_mean) ** 2 / (2.0 * std * std)
-    return per_element.reshape(per_element.shape[0], -1).mean(dim=1).mean()
+    squared = ((mean - ref_mean) ** 2).reshape(mean.shape[0], -1).mean(dim=1)
+    std = std.reshape(-1)  # (1,) or (B,)
+    positive = std > 0
+    twice_var = 2.0 * torch.where(positive, std, torch.ones_like(std)) ** 2
+    per_sample = torch.where(positive, squared / twice_var, torch.zeros_like(squared))
+    return per_sample.mean()
 
 
 def _check_shapes(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor) -> None:

@@ -1,25 +1,36 @@
-"""One denoising transition x_t -> x_{t+1} of Flow-GRPO, with the log-density of the sample drawn.
+"""One denoising transition x_t -> x_{t+1} of Flow-GRPO, with the log-probability of the sample drawn.
 
 Conventions (DESIGN.md §4): sigma runs from 1 (noise) to 0 (data), dt = sigma_next - sigma < 0,
-`velocity` is the model's flow-matching velocity v, a = `noise_level`.
+`velocity` is the model's flow-matching velocity v, a = `noise_level`. The formulas are flow_grpo's
+(`sde_step_with_logprob`, shared by its SD3, FLUX and Qwen-Image training scripts);
+tests/test_flow_grpo_reference.py checks every kind against independent transcriptions of them.
 
 Kinds:
     "sde"  Flow-GRPO's reverse SDE with the marginals of the ODE:
            std_t = a * sqrt(sigma / (1 - sigma)), with sigma_next in the denominator when sigma == 1
            mean  = x (1 + std_t^2 dt / (2 sigma)) + v (1 + std_t^2 (1 - sigma) / (2 sigma)) dt
            x'    = mean + std_t sqrt(-dt) eps
+           log_prob: Gaussian log-density of x' under N(mean, std_t^2 |dt|), constants included
     "cps"  coefficients-preserving sampling: std = sigma_next sin(a pi/2), x0 = x - sigma v,
            eps_hat = x + (1 - sigma) v, mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) eps_hat,
            x' = mean + std eps
+           log_prob: flow_grpo's CPS score -(x' - mean)^2; not a density (no 1/(2 std^2), no constants)
+    "cps_gaussian"  the "cps" transition with the exact Gaussian log-density of x' under N(mean, std^2).
+           Not flow_grpo's objective, and the PPO ratio is NOT the same: logp - logp_old is "cps"'s
+           times 1/(2 std^2), a factor from 0.73 (first step) to 1575 (the step onto sigma 0.02) on a
+           10-step Qwen-Image schedule at a = 0.7, so the same clip range bites at different updates.
+           Kept for log-probs comparable across kinds (and testable against torch.distributions).
     "ode"  Euler: x' = x + v dt (std 0; identical to diffusers' FlowMatchEulerDiscreteScheduler.step)
 
-log_prob is the full Gaussian log-density of x' under N(mean, std^2), constants included, averaged
-over the non-batch dims. Flow-GRPO's reference CPS code drops the normalisation (-log std - log
-sqrt(2 pi)) and the 1/(2 std^2) factor; we keep the true density for every kind so that values are
-comparable across kinds and testable against torch.distributions. The PPO ratio is unaffected,
-because std does not depend on the policy parameters, so those terms cancel in logp - logp_old.
-A deterministic transition (std == 0: "ode", or "cps" onto sigma_next == 0) has no density; its
-log_prob is returned as zeros, and callers must not train on it.
+Every log_prob is averaged over the non-batch dims, as flow_grpo does. A Gaussian kind with std == 0
+("ode", or "cps_gaussian" onto sigma_next == 0) has no density: its log_prob is zeros, and callers
+must not train on it. "cps" onto sigma_next == 0 keeps flow_grpo's formula: exactly 0 for the drawn
+sample (x' == mean), -(x' - mean)^2 when a recorded x' is scored under changed weights.
+
+`kl_std` is the std flow_grpo's training scripts divide the KL by (loss.gaussian_mean_kl): the
+`std_dev_t` its step returns. For "sde" that is std_t, without the transition's sqrt(-dt), so the
+KL is the transition Gaussians' exact KL times |dt|; for "cps"/"cps_gaussian" it is the transition
+std (the exact KL); for "ode" 0.
 
 Everything is computed in float32, upcast once on entry: the log-density subtracts two nearly
 equal numbers (x' - mean, of order std ~ 1e-2..1e-1) and divides by std^2; in bf16 (8 mantissa bits)
@@ -48,6 +59,7 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 class StepKind(str, enum.Enum):
     SDE = "sde"
     CPS = "cps"
+    CPS_GAUSSIAN = "cps_gaussian"
     ODE = "ode"
 
     @classmethod
@@ -61,12 +73,14 @@ class StepKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class StepResult:
-    """prev_sample (B, ...), log_prob (B,), mean (B, ...), std (0-d or (B, 1, ..., 1)); all float32."""
+    """prev_sample (B, ...), log_prob (B,), mean (B, ...); std, the transition's, and kl_std, the one
+    the KL divides by (module docstring), are 0-d or (B, 1, ..., 1); all float32."""
 
     prev_sample: torch.Tensor
     log_prob: torch.Tensor
     mean: torch.Tensor
     std: torch.Tensor
+    kl_std: torch.Tensor
 
 
 def _as_sigma(sigma: float | torch.Tensor, sample: torch.Tensor, name: str) -> torch.Tensor:
@@ -80,12 +94,13 @@ def _as_sigma(sigma: float | torch.Tensor, sample: torch.Tensor, name: str) -> t
 
 
 def _sde_moments(x, v, sigma, sigma_next, a: float):
+    """(mean, transition std, kl std)."""
     dt = sigma_next - sigma
     std_t = a * torch.sqrt(sigma / (1.0 - torch.where(sigma == 1.0, sigma_next, sigma)))
     var_t = std_t * std_t
     coef_x = 1.0 + var_t / (2.0 * sigma) * dt
     coef_v = (1.0 + var_t * (1.0 - sigma) / (2.0 * sigma)) * dt
-    return x * coef_x + v * coef_v, std_t * torch.sqrt(-dt)
+    return x * coef_x + v * coef_v, std_t * torch.sqrt(-dt), std_t
 
 
 def _cps_moments(x, v, sigma, sigma_next, a: float):
@@ -93,15 +108,20 @@ def _cps_moments(x, v, sigma, sigma_next, a: float):
     x0 = x - v * sigma
     eps_hat = x + v * (1.0 - sigma)
     coef_eps = torch.sqrt(torch.clamp(sigma_next * sigma_next - std * std, min=0.0))
-    return x0 * (1.0 - sigma_next) + eps_hat * coef_eps, std
+    return x0 * (1.0 - sigma_next) + eps_hat * coef_eps, std, std
 
 
 def _ode_moments(x, v, sigma, sigma_next, a: float):
     dt = sigma_next - sigma
-    return x + v * dt, torch.zeros_like(dt)
+    return x + v * dt, torch.zeros_like(dt), torch.zeros_like(dt)
 
 
-_MOMENTS = {StepKind.SDE: _sde_moments, StepKind.CPS: _cps_moments, StepKind.ODE: _ode_moments}
+_MOMENTS = {
+    StepKind.SDE: _sde_moments,
+    StepKind.CPS: _cps_moments,
+    StepKind.CPS_GAUSSIAN: _cps_moments,
+    StepKind.ODE: _ode_moments,
+}
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -111,6 +131,19 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     density = -((x - mean) ** 2) / (2.0 * safe_std * safe_std) - torch.log(safe_std) - _LOG_SQRT_2PI
     density = torch.where(positive, density, torch.zeros_like(density))
     return density.reshape(density.shape[0], -1).mean(dim=1)
+
+
+def cps_log_prob(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """flow_grpo's CPS score -(x - mean)^2 averaged over non-batch dims, (B,): the Gaussian
+    log-density without its constants and without the 1/(2 std^2) factor."""
+    score = -((x - mean) ** 2)
+    return score.reshape(score.shape[0], -1).mean(dim=1)
+
+
+def _log_prob(kind: StepKind, x_next, mean, std) -> torch.Tensor:
+    if kind is StepKind.CPS:
+        return cps_log_prob(x_next, mean)
+    return gaussian_log_prob(x_next, mean, std)
 
 
 def _standard_normal(sample, noise, generator_seeds, step_index) -> torch.Tensor:
@@ -153,7 +186,7 @@ def sde_step(
     if v.shape != x.shape:
         raise ValueError(f"velocity has shape {tuple(v.shape)}; expected {tuple(x.shape)}")
     s, s_next = _as_sigma(sigma, x, "sigma"), _as_sigma(sigma_next, x, "sigma_next")
-    mean, std = _MOMENTS[step_kind](x, v, s, s_next, float(noise_level))
+    mean, std, kl_std = _MOMENTS[step_kind](x, v, s, s_next, float(noise_level))
     if prev_sample is not None:
         if prev_sample.shape != x.shape:
             raise ValueError(f"prev_sample has shape {tuple(prev_sample.shape)}; expected {tuple(x.shape)}")
@@ -162,4 +195,5 @@ def sde_step(
         x_next = mean
     else:
         x_next = mean + std * _standard_normal(x, noise, generator_seeds, step_index)
-    return StepResult(prev_sample=x_next, log_prob=gaussian_log_prob(x_next, mean, std), mean=mean, std=std)
+    return StepResult(prev_sample=x_next, log_prob=_log_prob(step_kind, x_next, mean, std), mean=mean, std=std,
+                      kl_std=kl_std)

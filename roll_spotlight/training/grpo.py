@@ -242,7 +242,7 @@ class FlowGRPOTrainer:
             ref_mean = ref.mean
         return policy_loss(new.log_prob, sub.log_probs[:, k], adv[torch.as_tensor(idx)],
                            clip_range=self.cfg.clip_range, kl_beta=self.cfg.kl_beta,
-                           mean=new.mean, ref_mean=ref_mean, std=new.std)
+                           mean=new.mean, ref_mean=ref_mean, std=new.kl_std)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}
