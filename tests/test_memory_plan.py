@@ -1,0 +1,161 @@
+"""The memory plan: exact parameter counts (closed formula = meta-device model), LoRA sizes as peft
+makes them, how each row responds to the settings, and the fit check's error message."""
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from roll_spotlight.models.memory_plan import (
+    FLOW_GRPO_LORA_TARGETS,
+    QWEN_IMAGE_TRANSFORMER_CONFIG,
+    ROLES,
+    ROWS,
+    check_memory_plan,
+    count_parameters,
+    count_parameters_meta,
+    fit_errors,
+    format_memory_plan,
+    lora_parameters,
+    memory_plan,
+    transformer_config_from_dir,
+)
+
+diffusers = pytest.importorskip("diffusers")
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+    from tests.qwen_helpers import tiny_qwen_components
+
+    return tiny_qwen_components()["transformer"]
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tiny_transformer) -> dict:
+    return dict(tiny_transformer.config)
+
+
+def test_embedded_config_is_diffusers_default():
+    params = inspect.signature(diffusers.QwenImageTransformer2DModel.__init__).parameters
+    defaults = {k: p.default for k, p in params.items() if k != "self"}
+    assert set(defaults) == set(QWEN_IMAGE_TRANSFORMER_CONFIG)
+    for key, value in QWEN_IMAGE_TRANSFORMER_CONFIG.items():
+        assert (list(defaults[key]) if isinstance(value, list) else defaults[key]) == value, key
+
+
+@pytest.mark.parametrize("name", ["tiny", "full", "full_additional_t_cond", "tiny_out_none"])
+def test_closed_formula_equals_meta_device_count(name, tiny_config):
+    config = {"tiny": tiny_config, "full": None,
+              "full_additional_t_cond": {"use_additional_t_cond": True},
+              "tiny_out_none": {**tiny_config, "out_channels": None, "num_layers": 3}}[name]
+    assert count_parameters(config) == count_parameters_meta(config)
+
+
+def test_tiny_count_equals_the_instantiated_model(tiny_transformer, tiny_config):
+    assert count_parameters(tiny_config) == sum(p.numel() for p in tiny_transformer.parameters())
+
+
+def test_lora_count_equals_peft(tiny_config):
+    peft = pytest.importorskip("peft")
+    model = diffusers.QwenImageTransformer2DModel(**{k: v for k, v in tiny_config.items() if not k.startswith("_")})
+    model.add_adapter(peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(FLOW_GRPO_LORA_TARGETS)))
+    added = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert lora_parameters(tiny_config, 4, FLOW_GRPO_LORA_TARGETS) == added
+    subset = ("to_q", "img_mlp.net.2")
+    model = diffusers.QwenImageTransformer2DModel(**{k: v for k, v in tiny_config.items() if not k.startswith("_")})
+    model.add_adapter(peft.LoraConfig(r=2, target_modules=list(subset)))
+    assert lora_parameters(tiny_config, 2, subset) == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+
+
+@pytest.mark.parametrize("rank, targets, match", [(0, FLOW_GRPO_LORA_TARGETS, "train.lora.rank"),
+                                                  (8, ("attn.to_qkv",), "train.lora.target_modules"),
+                                                  (8, (), "train.lora.target_modules")])
+def test_bad_lora_settings_name_the_key(rank, targets, match):
+    with pytest.raises(ValueError, match=match):
+        lora_parameters(None, rank, targets)
+
+
+def test_trainer_rows_follow_bytes_per_parameter():
+    lora = memory_plan(None)
+    n = lora.trainable_params
+    assert lora.bytes["trainer"]["trainable parameters"] == 4 * n      # fp32 adapters
+    assert lora.bytes["trainer"]["optimizer states"] == 8 * n          # AdamW m, v; no master copy
+    assert lora.bytes["trainer"]["base weights"] == 2 * lora.transformer_params
+    full = memory_plan(None, lora_rank=None)
+    rows = full.bytes["trainer"]
+    per_param = (rows["trainable parameters"] + rows["gradients"] + rows["optimizer states"]) / full.transformer_params
+    assert per_param == 16 and rows["base weights"] == 0
+    bf16_lora = memory_plan(None, lora_dtype="bfloat16")
+    assert bf16_lora.bytes["trainer"]["optimizer states"] == 12 * n    # m, v and an fp32 master
+    sharded = memory_plan(None, lora_rank=None, fsdp_shards=8)
+    assert sharded.bytes["trainer"]["optimizer states"] == rows["optimizer states"] / 8
+
+
+def test_activations_respond_to_resolution_cfg_checkpointing_and_sp():
+    small, large = memory_plan(None, height=512, width=512), memory_plan(None, height=1280, width=1280)
+    assert (small.image_tokens, large.image_tokens) == (1024, 6400)
+    assert large.bytes["trainer"]["activations"] > small.bytes["trainer"]["activations"]
+    assert small.bytes["trainer"]["CFG negative branch"] == small.bytes["trainer"]["activations"]
+    assert memory_plan(None, cfg=False).bytes["trainer"]["CFG negative branch"] == 0
+    no_ckpt = memory_plan(None, gradient_checkpointing=False)
+    assert no_ckpt.bytes["trainer"]["activations"] > 10 * small.bytes["trainer"]["activations"]
+    batched = memory_plan(None, cfg_batched=True, vae_base_dim=1)  # VAE term small: transformer working set shows
+    assert batched.bytes["rollout"]["CFG negative branch"] == batched.bytes["rollout"]["activations"]
+    sp = memory_plan(None, height=1280, width=1280, sp_degree=4, vae_base_dim=1)
+    one = memory_plan(None, height=1280, width=1280, vae_base_dim=1)
+    assert sp.bytes["rollout"]["activations"] < one.bytes["rollout"]["activations"] / 2
+    assert memory_plan(None, micro_batch=2).bytes["trainer"]["activations"] == 2 * small.bytes["trainer"]["activations"]
+    on_gpu = memory_plan(None, text_encoder_on_gpu=True)
+    assert on_gpu.bytes["rollout"]["base weights"] - small.bytes["rollout"]["base weights"] == 2 * 8_292_166_656
+
+
+def test_fit_check_names_the_key_and_what_would_fit():
+    full = memory_plan(None, height=1280, width=1280, lora_rank=None, gpu_memory_gb=80)
+    assert full.fits("trainer") is False and full.fits("rollout") is True
+    with pytest.raises(ValueError, match=r"trainer needs .* > model\.gpu_memory_gb=80; would fit with LoRA"):
+        check_memory_plan(full)
+    tight = memory_plan(None, height=1280, width=1280, rollout_batch=32, gpu_memory_gb=80)
+    (message,) = [e for e in fit_errors(tight) if "rollout" in e]
+    assert "model.gpu_memory_gb=80" in message and "would fit with rollout_batch=1" in message
+    tiny_gpu = memory_plan(None, gpu_memory_gb=1)
+    assert all("nothing tried fits" in e or "nothing to try" in e for e in fit_errors(tiny_gpu))
+    ok = memory_plan(None, height=1280, width=1280, gpu_memory_gb=141)
+    assert check_memory_plan(ok) is ok and all(ok.fits(r) for r in ROLES)
+
+
+def test_format_is_a_markdown_table_with_every_row_and_role():
+    text = format_memory_plan(memory_plan(None, gpu_memory_gb=80))
+    lines = text.splitlines()
+    assert lines[2] == "| item | trainer | rollout | explorer |"
+    for row in ROWS:
+        assert any(line.startswith(f"| {row} |") for line in lines), row
+    assert lines[-1].startswith("| fits 80 GiB | yes")
+
+
+def test_config_from_a_pipeline_directory(tmp_path, tiny_config):
+    import json
+
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(tiny_config))
+    assert transformer_config_from_dir(tmp_path)["num_layers"] == tiny_config["num_layers"]
+    with pytest.raises(FileNotFoundError):
+        transformer_config_from_dir(tmp_path / "missing")
+
+
+def test_bad_settings_name_the_key():
+    with pytest.raises(ValueError, match="model.gpu_memory_gb"):
+        memory_plan(None, gpu_memory_gb=0)
+    with pytest.raises(ValueError, match="model.image_size"):
+        memory_plan(None, height=500, width=500)
+    with pytest.raises(ValueError, match="sp_degree=5 must divide num_attention_heads=24"):
+        memory_plan(None, sp_degree=5)
+
+
+def test_module_imports_no_torch():
+    code = ("import sys, roll_spotlight.models.memory_plan as m; m.count_parameters(); "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
