@@ -16,7 +16,8 @@ with an explicit process-group object instead of a device mesh, so raw regroup g
 - ``pos_embed`` hook: slice the image rotary frequencies to the local shard (text freqs stay whole);
 - block pre-hooks: slice ``modulate_index`` (only used with ``zero_cond_t``);
 - ``proj_out`` hook: all-gather the output tokens, so every rank returns the full prediction;
-- every attention processor is replaced by :class:`UlyssesQwenAttnProcessor`.
+- every attention processor is replaced by :class:`UlyssesQwenAttnProcessor`, which calls diffusers'
+  attention dispatcher with the backend the replaced processors had (``model.attention_backend``).
 
 Constraints: the degree must divide the head count (checked at install) and the image-token count
 (checked every forward; no padding, so pick a degree with ``planner.degree_for_resolution``).
@@ -201,7 +202,11 @@ def apply_ulysses(transformer: torch.nn.Module, group: dist.ProcessGroup) -> tor
     _check_degree(transformer.config.num_attention_heads, group.size())
     remove_ulysses(transformer)
     state = _UlyssesState(group=group, processors=dict(transformer.attn_processors))
-    transformer.set_attn_processor(UlyssesQwenAttnProcessor(group))
+    processor = UlyssesQwenAttnProcessor(group)
+    # run on the attention backend the replaced processors were set to (models.attention)
+    processor._attention_backend = next(
+        (getattr(p, "_attention_backend", None) for p in state.processors.values()), None)
+    transformer.set_attn_processor(processor)
     state.handles = [
         transformer.register_forward_pre_hook(_shard_inputs(group), with_kwargs=True),
         transformer.pos_embed.register_forward_hook(_shard_image_freqs(group)),
@@ -221,6 +226,9 @@ def remove_ulysses(transformer: torch.nn.Module) -> torch.nn.Module:
         return transformer
     for handle in state.handles:
         handle.remove()
+    backend = next(iter(transformer.attn_processors.values()))._attention_backend  # set while applied, maybe
+    for processor in state.processors.values():
+        processor._attention_backend = backend
     transformer.set_attn_processor(state.processors)
     delattr(transformer, _STATE_ATTR)
     return transformer
