@@ -18,9 +18,9 @@ from pathlib import Path
 
 def run(config: str, overrides: list[str], model: str | None, per_prompt: int, bank: int,
         sigmas: list[float]) -> dict:
-    from roll_spotlight.configuration import load_config
+    from roll_spotlight.config.strict import load_config
     from roll_spotlight.models import load_tiny_policy
-    from roll_spotlight.training.config import RunConfig
+    from roll_spotlight.config.run import RunConfig
     from roll_spotlight.training.diagnostics import model_errors, posterior_errors, probe_set, swap_costs
     from roll_spotlight.training.pretrain import load_or_pretrain
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 # One definition of the settings and of "iterations to target" (first evaluation after iteration 0
 # at or above the target), shared with `spotlight bench all`.
-from roll_spotlight.benchmarks.convergence import SETTINGS, iterations_to_target
+from roll_spotlight.tools.bench.convergence import SETTINGS, iterations_to_target
 
 
 def run_setting(name: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
-    from roll_spotlight.training.loop import run_training
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.startup import start_run
     from roll_spotlight.training.metrics import read_metrics
 
     config, extra = SETTINGS[name]
@@ -33,7 +33,7 @@ def run_setting(name: str, seeds: list[int], out: Path, overrides: list[str]) ->
     for seed in seeds:
         cfg = load_config(RunConfig, config, [*extra, *overrides, f"seed={seed}"])
         run_dir = out / f"{name}-seed{seed}"
-        result = run_training(cfg, run_dir, progress=False)
+        result = start_run(cfg, run_dir, progress=False)
         ranks = [r["rank_spearman"] for r in read_metrics(run_dir) if "rank_spearman" in r]
         runs[seed] = {"curve": result.curve, "rank_spearman": ranks, **result.summary()}
     return runs

@@ -4,7 +4,7 @@
 
 At the cached base's weights, each of `--batches` batches is what one training iteration would roll
 out (rollout_batch_size prompts x group_size seeds, its SDE window); its loss gradient is computed
-and nothing is updated. Reported (roll_spotlight.training.gradient_signal): the share of a batch
+and nothing is updated. Reported (roll_spotlight.tools.gradient_signal): the share of a batch
 gradient's energy that is common to independent batches (signal_fraction), and the fraction of
 entries whose signs agree between two batches (sign_agreement, 0.5 without signal), each with a
 jackknife standard error; the same per parameter for the ten with the most gradient energy.
@@ -20,10 +20,10 @@ from pathlib import Path
 
 
 def run(config: str, batches: int, overrides: list[str], label: str | None) -> dict:
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
-    from roll_spotlight.training.gradient_signal import measure
-    from roll_spotlight.training.loop import check_startup, starting_policy
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.tools.gradient_signal import measure
+    from roll_spotlight.startup import check_startup, starting_policy
 
     cfg = load_config(RunConfig, config, overrides)
     check_startup(cfg)
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batches < 3:
         p.error(f"--batches must be >= 3 (pairs for the jackknife), got {args.batches}")
-    from roll_spotlight.cli import set_threads
+    from roll_spotlight.startup import set_threads
 
     set_threads(args.threads)
     result = run(args.config, args.batches, args.override, args.label)

@@ -1,6 +1,6 @@
 """Queue actor throughput, and the queue's share of a rollout's time.
 
-Measures, side by side in one run (DESIGN.md section 5: ratios from one run, medians over repeats):
+Measures, side by side in one run (docs/design.md section 6: ratios from one run, medians over repeats):
 
 1. ``pulls_per_s``: 8 concurrent worker actors, each looping "pull 1, complete it", against one
    ``QueueActor``; completed pulls / wall time, median over ``--repeats``.

@@ -45,8 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _config(image_size: int):
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
 
     root = Path(__file__).resolve().parents[1]
     return load_config(RunConfig, root / "configs" / "tiny_shapes.yaml", [f"model.image_size={image_size}"])

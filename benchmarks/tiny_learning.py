@@ -19,10 +19,10 @@ from pathlib import Path
 
 
 def run(config: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
     from roll_spotlight.training.evaluate import paired_gain
-    from roll_spotlight.training.loop import check_startup, run_training
+    from roll_spotlight.startup import check_startup, start_run
 
     configs = {seed: load_config(RunConfig, config, [*overrides, f"seed={seed}"]) for seed in seeds}
     for cfg in configs.values():  # a bad key or reward fails here, before any seed trains
@@ -30,7 +30,7 @@ def run(config: str, seeds: list[int], out: Path, overrides: list[str]) -> dict:
     results = {}
     for seed, cfg in configs.items():
         t0 = time.monotonic()
-        res = run_training(cfg, out / f"{cfg.exp_name}-seed{seed}")
+        res = start_run(cfg, out / f"{cfg.exp_name}-seed{seed}")
         # the run directory relative to --out: the JSON is committed, and names no path of this machine
         results[seed] = res.summary() | {"curve": res.curve, "wall_s": time.monotonic() - t0,
                                          "run_dir": f"runs/{cfg.exp_name}-seed{seed}"}
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 0:
         p.error(f"--threads must be >= 0, got {args.threads}")
-    from roll_spotlight.cli import set_threads
+    from roll_spotlight.startup import set_threads
 
     set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)

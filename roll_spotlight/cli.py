@@ -7,24 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 from roll_spotlight.loopback import set_loopback_env
-
-def set_threads(n: int | None) -> None:
-    """torch intra-op threads; 1 avoids oversubscription when other processes share the cores."""
-    n = n if n is not None else int(os.environ.get("SPOTLIGHT_THREADS", "0") or 0)
-    if n > 0:
-        import torch
-
-        torch.set_num_threads(n)
+from roll_spotlight.startup import WorkerPlacement, set_threads
 
 
 def _load_run_config(path: str, overrides: list[str]):
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
 
     return load_config(RunConfig, path, overrides)
 
@@ -59,6 +51,8 @@ def cmd_train(args) -> int:
     if args.resume:
         _check_resumable(run_dir)
     cfg = _with_trace(cfg, args.trace)
+    if args.check:
+        return _check_only(cfg, args)
     set_threads(args.threads)
     result = _train(cfg, run_dir, args, resume=bool(args.resume))
     print(json.dumps(result.summary(), indent=2))
@@ -77,54 +71,25 @@ def _with_trace(cfg, trace: str | None):
 
 
 def _train(cfg, run_dir: Path, args, resume: bool = False):
-    """Start-up order: validate and build everything, then create the run directory, so a failed
-    start leaves no half-written run behind (a crash after this point is what --resume is for)."""
-    from roll_spotlight.runtime.coordinator import Coordinator
-    from roll_spotlight.training.loop import check_startup, starting_policy
+    """`spotlight train` and `quickstart`: the one start-up path (`roll_spotlight.startup`)."""
+    from roll_spotlight.startup import start_run
 
-    progress = not args.no_progress
-    check_startup(cfg)
-    on_ray = getattr(args, "ray", False) or getattr(args, "address", None) or cfg.spot.enabled  # spot runs on Ray
-    sp_degree = getattr(args, "sp_degree", 1)
-    if sp_degree != 1:
-        from roll_spotlight.runtime.sp_group import check_sp_degree
-
-        if not on_ray:
-            raise ValueError(f"--sp-degree {sp_degree}: SP rollout groups need Ray workers (add --ray)")
-        check_sp_degree(cfg.model, sp_degree, key="--sp-degree")
-    if on_ray:  # validated before the base model is built or pretrained
-        from roll_spotlight.runtime.ray_backend import RayClusterConfig
-
-        cluster = RayClusterConfig(address=args.address, ondemand_workers=args.workers, sp_degree=sp_degree)
-    policy, source = starting_policy(cfg, progress=progress)
-    if on_ray:
-        from roll_spotlight.runtime.ray_backend import RayBackend
-
-        set_threads(1)  # the Ray actors share the cores from here; the driver only coordinates
-
-        backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
-    else:
-        from roll_spotlight.runtime.local import LocalBackend
-
-        backend = LocalBackend(cfg, policy)
-    try:
-        _write_run_config(cfg, run_dir)
-        coordinator = Coordinator(cfg, backend, run_dir, progress=progress)
-        if resume:
-            coordinator.resume_latest(run_dir)
-        return coordinator.run()
-    finally:
-        backend.close()
+    return start_run(cfg, run_dir, placement=_placement(args), progress=not args.no_progress, resume=resume)
 
 
-def _write_run_config(cfg, run_dir: Path) -> None:
-    """The resolved config beside the run (what `--resume` reads back). Owner-only permissions."""
-    from omegaconf import OmegaConf
+def _placement(args) -> WorkerPlacement:
+    return WorkerPlacement(ray=bool(getattr(args, "ray", False)), address=getattr(args, "address", None),
+                           workers=args.workers, sp_degree=getattr(args, "sp_degree", 1))
 
-    from roll_spotlight.configuration import to_dict
 
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+def _check_only(cfg, args) -> int:
+    """`--check`: every start-up check, nothing built or written; prints what the run would be."""
+    from roll_spotlight.startup import check_startup
+
+    check_startup(cfg, _placement(args))
+    print(json.dumps({"config": "ok", "exp_name": cfg.exp_name, "model": cfg.model.preset,
+                      "on_ray": _placement(args).on_ray(cfg), "reward": cfg.reward.name}, indent=2))
+    return 0
 
 
 def cmd_quickstart(args) -> int:
@@ -154,8 +119,8 @@ def cmd_bench(args) -> int:
     """Mechanism benchmarks; each prints JSON (measured on this machine)."""
     import importlib
 
-    modules = {"planner": "roll_spotlight.exploration.bench", "regroup": "roll_spotlight.elastic.bench",
-               "all": "roll_spotlight.benchmarks.suite"}
+    modules = {"planner": "roll_spotlight.tools.bench.planner", "regroup": "roll_spotlight.tools.bench.regroup",
+               "all": "roll_spotlight.tools.bench.suite"}
     if args.name not in modules:
         raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
     return importlib.import_module(modules[args.name]).main(args.rest)
@@ -170,14 +135,14 @@ def cmd_simulate(args) -> int:
 
 def cmd_replay(args) -> int:
     """Live runtime under a spot trace's preemptions; one JSON object of loss/duplication counters."""
-    from roll_spotlight.spot.replay import main as replay_main
+    from roll_spotlight.tools.replay import main as replay_main
 
     return replay_main(args.rest)
 
 
 def cmd_soak(args) -> int:
     """The live runtime under a repeated spot trace for M minutes; one JSON report (measured)."""
-    from roll_spotlight.spot.soak import main as soak_main
+    from roll_spotlight.tools.soak import main as soak_main
 
     return soak_main(args.rest)
 
@@ -214,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, default="")
     p.add_argument("--run-dir", help="run directory (default: output_dir/exp_name)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    p.add_argument("--check", action="store_true", help="run every start-up check, print the plan, start nothing")
     p.add_argument("--ray", action="store_true", help="run on Ray actors (local cluster unless --address)")
     p.add_argument("--address", help="join an existing Ray cluster (implies --ray)")
     p.add_argument("--workers", type=int, default=2, help="on-demand rollout workers with --ray")
@@ -252,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.spot.replay",
-               "soak": "roll_spotlight.spot.soak"}
+PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.tools.replay",
+               "soak": "roll_spotlight.tools.soak"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
 
     try:
         return args.func(args)

@@ -1,7 +1,9 @@
 """`spotlight report RUN_DIR`: a Markdown report with PNG plots of one run (all figures measured).
 
 Plots: training reward and validation reward (with standard errors) per iteration; strict accuracy;
-and a per-worker timeline of rollout, reward, train and validation phases (idle is the gaps).
+validation images of the base and the final policy for the same prompts and seeds; and a
+per-worker timeline of rollout, reward, train and validation phases (idle is the gaps) with
+preemption notices, commits and preempted workers marked.
 Runs with spot workers also get their cost ledger (GPU-seconds and USD per pool, vs all on
 demand) and the spot pool's preemption, notice and resume counters.
 """
@@ -51,18 +53,49 @@ PHASE_COLORS = {"rollout": "tab:blue", "explore": "tab:cyan", "reward": "tab:ora
                 "validate": "tab:green", "wait_rollouts": "lightgrey"}
 
 
+MARKS = {"notice": ("v", "gold"), "commit": ("o", "green"), "preempted": ("x", "red"), "died": ("x", "black")}
+
+
 def plot_timeline(events: list[dict], path: Path) -> None:
+    """One row per worker (every spot worker the run started, alive or gone): phases as bars,
+    preemption notices, commits of in-flight state and the end of preempted workers as marks."""
     plt = _plt()
     workers = sorted({e["worker"] for e in events})
     t0 = min(e["start"] for e in events)
-    fig, ax = plt.subplots(figsize=(11, 0.5 * len(workers) + 1.5))
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(workers) + 1.5))
     for row, worker in enumerate(workers):
         for e in (e for e in events if e["worker"] == worker):
-            ax.barh(row, e["end"] - e["start"], left=e["start"] - t0, color=PHASE_COLORS.get(e["phase"], "k"))
-    ax.set_yticks(range(len(workers)), workers)
+            if e["phase"] in MARKS:
+                marker, color = MARKS[e["phase"]]
+                ax.scatter([e["start"] - t0], [row], marker=marker, color=color, s=40, zorder=3)
+            else:
+                ax.barh(row, e["end"] - e["start"], left=e["start"] - t0, color=PHASE_COLORS.get(e["phase"], "k"))
+    ax.set_yticks(range(len(workers)), workers, fontsize=7)
     ax.set(xlabel="seconds since start", title="per-worker timeline (measured; gaps are idle)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLORS.values()]
-    ax.legend(handles, PHASE_COLORS.keys(), loc="upper right", fontsize=7, ncol=3)
+    handles += [plt.Line2D([], [], marker=m, color=c, linestyle="") for m, c in MARKS.values()]
+    ax.legend(handles, [*PHASE_COLORS, *MARKS], loc="upper right", fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_samples(base: dict, final: dict, path: Path) -> None:
+    """Validation images of the same prompts and seeds: the base policy's row above the final one,
+    each titled with its reward, the prompt under each column."""
+    import textwrap
+
+    plt = _plt()
+    n = len(base["images"])
+    fig, axes = plt.subplots(2, n, figsize=(1.9 * n, 4.6), squeeze=False)
+    for col in range(n):
+        for row, (label, data) in enumerate((("base", base), ("final", final))):
+            ax = axes[row][col]
+            ax.imshow(data["images"][col], interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            ax.set_title(f"{label} {float(data['rewards'][col]):.2f}", fontsize=8)
+        axes[1][col].set_xlabel("\n".join(textwrap.wrap(str(base["prompts"][col]), 22)), fontsize=7)
+    fig.suptitle("validation samples: base (top) vs final (bottom), same prompt and seed; reward in titles")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -90,16 +123,31 @@ def write_report(run_dir: Path) -> Path:
     if summary_path.is_file():
         lines += _summary_lines(json.loads(summary_path.read_text()))
     lines += ["![curves](curves.png)", ""]
+    lines += _sample_lines(run_dir)
     lines += _spot_lines(rows)
     timeline_path = run_dir / "timeline.json"
     if timeline_path.is_file() and (events := json.loads(timeline_path.read_text())):
         plot_timeline(events, run_dir / "timeline.png")
         lines += ["## Timeline", "", "| worker | busy fraction |", "|---|---|"]
         lines += [f"| {w} | {f:.2f} |" for w, f in sorted(busy_fractions(events).items())]
-        lines += ["", "![timeline](timeline.png)", ""]
+        marks = {m: sum(e["phase"] == m for e in events) for m in MARKS}
+        lines += ["", "Marks: " + ", ".join(f"{n} {m}" for m, n in marks.items()) + ".", ""]
+        lines += ["![timeline](timeline.png)", ""]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines))
     return out
+
+
+def _sample_lines(run_dir: Path) -> list[str]:
+    """The base-vs-final grid, when the run kept validation samples (`training.evaluate.save_samples`)."""
+    import numpy as np
+
+    files = [run_dir / "samples" / f"{name}.npz" for name in ("base", "final")]
+    if not all(f.is_file() for f in files):
+        return []
+    base, final = ({k: v for k, v in np.load(f).items()} for f in files)
+    plot_samples(base, final, run_dir / "samples.png")
+    return ["## Validation samples", "", "![samples](samples.png)", ""]
 
 
 def _summary_lines(summary: dict) -> list[str]:

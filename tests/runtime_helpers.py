@@ -1,8 +1,8 @@
 """Shared tiny settings for runtime tests: a run small enough for seconds on 2 cores."""
 from pathlib import Path
 
-from roll_spotlight.configuration import load_config
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.strict import load_config
+from roll_spotlight.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_OVERRIDES = [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from roll_spotlight.cli import main
-from roll_spotlight.configuration import ConfigError, load_yaml
+from roll_spotlight.config.strict import ConfigError, load_yaml
 from tests.runtime_helpers import REPO
 
 CONFIG = REPO / "configs" / "tiny_shapes.yaml"
@@ -112,7 +112,7 @@ def test_missing_config_file_is_named(tmp_path, capsys):
 
 
 def test_malformed_trace_names_the_file_and_line(tmp_path, capsys):
-    from roll_spotlight.spot.soak import main as soak_main
+    from roll_spotlight.tools.soak import main as soak_main
 
     trace = tmp_path / "trace.csv"
     trace.write_text("0,add,n1\n0,add,n2\n12x,remove,n1\n")
@@ -128,14 +128,14 @@ def test_malformed_trace_for_training_names_the_file_and_line(tmp_path, capsys):
 
 
 def test_missing_trace_file_is_named(tmp_path, capsys):
-    from roll_spotlight.spot.soak import main as soak_main
+    from roll_spotlight.tools.soak import main as soak_main
 
     assert soak_main(["--trace", str(tmp_path / "gone.csv"), "--minutes", "0.01"]) == 2
     assert "gone.csv" in capsys.readouterr().err
 
 
 def test_negative_soak_minutes_names_the_option(capsys):
-    from roll_spotlight.spot.soak import main as soak_main
+    from roll_spotlight.tools.soak import main as soak_main
 
     assert soak_main(["--minutes", "-1"]) == 2
     assert "soak.minutes" in capsys.readouterr().err

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll_spotlight.configuration import load_config
+from roll_spotlight.config.strict import load_config
 from roll_spotlight.models import build_policy
 from roll_spotlight.training import diagnostics as D
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.tasks import task_vocab
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roll_spotlight.benchmarks.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
+from roll_spotlight.tools.bench.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
                                                    iterations_to_target, records_from_json, run_with_timeout)
-from roll_spotlight.benchmarks.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
-from roll_spotlight.benchmarks.plots import merge_intervals, plot_convergence
-from roll_spotlight.benchmarks.suite import parse_last_json
+from roll_spotlight.tools.bench.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
+from roll_spotlight.tools.bench.plots import merge_intervals, plot_convergence
+from roll_spotlight.tools.bench.suite import parse_last_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
     """Each run gets what is left of the convergence budget; past the deadline a run is not started."""
     import time
 
-    from roll_spotlight.benchmarks import convergence
+    from roll_spotlight.tools.bench import convergence
 
     seen = []
     monkeypatch.setattr(convergence, "run_with_timeout",
@@ -208,9 +208,9 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------ regroup figures
 def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
-    from roll_spotlight.elastic.bench import _request, _summary
+    from roll_spotlight.tools.bench.regroup import _request, _summary
     from roll_spotlight.elastic.model_spec import QwenModelSpec
-    from roll_spotlight.elastic.rollout import RolloutState
+    from roll_spotlight.elastic.rollout import SPRolloutState
 
     spec = QwenModelSpec.sized(8.0)
     request = _request(spec)
@@ -219,7 +219,7 @@ def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
              "lost_s": t - s, "latent": latent} for t, s in ((0.20, 0.10), (0.16, 0.09), (0.30, 0.11))]
     cold = [{"total_s": t, "steady_step_s": s, "lost_s": t - s, "latent": latent + 1e-7}
             for t, s in ((5.0, 0.12), (6.0, 0.10), (4.0, 0.08))]
-    reference = RolloutState(request_id="bench", step=request.num_steps, latent=latent, seed=11)
+    reference = SPRolloutState(request_id="bench", step=request.num_steps, latent=latent, seed=11)
     out = _summary(spec, request, warm, cold, reference, publish_s=0.5)
     assert out["warm_regroup_median_s"] == pytest.approx(0.10)   # median of 0.10, 0.07, 0.19
     assert out["cold_restart_median_s"] == pytest.approx(4.88)   # median of 4.88, 5.90, 3.92
@@ -232,7 +232,7 @@ def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
 
 
 def test_report_lists_the_regroup_speedup_with_and_without_the_step():
-    from roll_spotlight.benchmarks.report import _mechanism_section
+    from roll_spotlight.tools.bench.report import _mechanism_section
 
     regroup = {"warm_regroup_median_s": 0.078, "cold_restart_median_s": 5.07, "speedup": 65.0,
                "sp_max_abs_diff": 4.8e-7, "speedup_including_step": 29.8, "definition": "time lost"}
@@ -245,7 +245,7 @@ def test_report_lists_the_regroup_speedup_with_and_without_the_step():
 
 
 def test_report_lists_the_planner_budget_and_ablation():
-    from roll_spotlight.benchmarks.report import _mechanism_section
+    from roll_spotlight.tools.bench.report import _mechanism_section
 
     planner = {"planner_over_uniform": 1.292, "planner_over_uniform_with_abandon": 1.127, "planner_over_oracle": 0.930,
                "planner_unscreened_over_oracle": 0.884, "decision_time_ms_per_pull": 0.269,
@@ -260,7 +260,7 @@ def test_report_lists_the_planner_budget_and_ablation():
 
 
 def test_report_mean_rank_skips_undefined_correlations():
-    from roll_spotlight.benchmarks.report import _mean_rank
+    from roll_spotlight.tools.bench.report import _mean_rank
 
     assert _mean_rank([]) == "-"
     assert _mean_rank([0.5, 0.7]) == "0.6000"
@@ -269,7 +269,7 @@ def test_report_mean_rank_skips_undefined_correlations():
 
 
 def test_cli_picks_convergence_settings_and_seeds():
-    from roll_spotlight.benchmarks.suite import build_parser, config_from_args
+    from roll_spotlight.tools.bench.suite import build_parser, config_from_args
 
     args = build_parser().parse_args(["--convergence-settings", "vanilla", "spotlight", "vanilla",
                                       "--convergence-seeds", "3", "4"])
@@ -289,7 +289,7 @@ def _saved(setting_seeds, overrides=("max_steps=10",)):
 
 
 def test_saved_convergence_results_merge_into_one_study(tmp_path):
-    from roll_spotlight.benchmarks.suite import SuiteConfig, _convergence, build_parser, config_from_args
+    from roll_spotlight.tools.bench.suite import SuiteConfig, _convergence, build_parser, config_from_args
 
     a, b = tmp_path / "seeds012.json", tmp_path / "seeds3.json"
     a.write_text(json.dumps(_saved([("vanilla", 0), ("spotlight", 0), ("vanilla", 1), ("spotlight", 1)])))
@@ -306,7 +306,7 @@ def test_saved_convergence_results_merge_into_one_study(tmp_path):
 
 
 def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
-    from roll_spotlight.benchmarks.suite import merge_saved_runs
+    from roll_spotlight.tools.bench.suite import merge_saved_runs
 
     one = _saved([("vanilla", 0)])
     with pytest.raises(ValueError, match="vanilla seed 0 is in both a.json and b.json"):
@@ -319,7 +319,7 @@ def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
 
 
 def test_paired_gain_uses_common_validations_of_the_same_seeds():
-    from roll_spotlight.benchmarks.convergence import paired_gain, summarize
+    from roll_spotlight.tools.bench.convergence import paired_gain, summarize
 
     def rec(setting, seed, values, step=2):
         return RunRecord(setting, seed, "finished", 1.0,
@@ -343,8 +343,8 @@ def test_paired_gain_uses_common_validations_of_the_same_seeds():
 
 
 def test_report_shows_the_paired_differences():
-    from roll_spotlight.benchmarks.convergence import summarize
-    from roll_spotlight.benchmarks.report import _convergence_section
+    from roll_spotlight.tools.bench.convergence import summarize
+    from roll_spotlight.tools.bench.report import _convergence_section
 
     records = [RunRecord(s, seed, "finished", 1.0, [{"iteration": 0, "val_reward": 0.5},
                                                     {"iteration": 2, "val_reward": v}])

@@ -10,7 +10,7 @@ from tests.runtime_helpers import TINY_OVERRIDES, REPO
 
 
 def test_import_is_cheap():
-    code = "import sys, roll_spotlight, roll_spotlight.cli, roll_spotlight.training.config; " \
+    code = "import sys, roll_spotlight, roll_spotlight.cli, roll_spotlight.config.run; " \
            "print(sorted(m for m in ('torch', 'ray', 'diffusers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
@@ -37,7 +37,7 @@ def test_bad_config_fails_at_start_naming_the_key(tmp_path, capsys, override, ke
     (["--sp-degree", "2", "--ray", "--workers", "3"], "runtime.sp_degree=2 must be >= 1 and divide"),
 ])
 def test_a_bad_sp_degree_fails_before_anything_is_built(tmp_path, capsys, monkeypatch, flags, message):
-    import roll_spotlight.training.loop as loop
+    import roll_spotlight.startup as loop
 
     monkeypatch.setattr(loop, "starting_policy", lambda *a, **k: pytest.fail("the base was built first"))
     run_dir = tmp_path / "run"
@@ -68,6 +68,12 @@ def test_train_report_and_resume(tmp_path, monkeypatch, capsys):
     report = (run_dir / "report.md").read_text()
     assert "Paired gain" in report and (run_dir / "curves.png").stat().st_size > 0
     assert (run_dir / "timeline.png").is_file()
+    import numpy as np
+
+    base, final = (np.load(run_dir / "samples" / f"{n}.npz") for n in ("base", "final"))
+    assert base["images"].shape == final["images"].shape and base["images"].dtype == np.uint8
+    assert list(base["prompts"]) == list(final["prompts"]) and list(base["seeds"]) == list(final["seeds"])
+    assert "## Validation samples" in report and (run_dir / "samples.png").stat().st_size > 0
     assert main(["train", "--resume", str(run_dir), "--no-progress", "-o", "max_steps=3"]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from roll_spotlight.configuration import ConfigError, from_dict, load_config, to_dict
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.strict import ConfigError, from_dict, load_config, to_dict
+from roll_spotlight.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

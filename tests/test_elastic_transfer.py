@@ -199,18 +199,18 @@ def test_model_spec_validation_names_the_field() -> None:
 # controller configuration (no Ray cluster needed)
 
 def test_elastic_config_validation() -> None:
-    from roll_spotlight.elastic.controller import ElasticConfig
+    from roll_spotlight.elastic.controller import ControllerConfig
 
     with pytest.raises(ValueError, match="preferred_degree=3 must divide num_heads=4"):
-        ElasticConfig(num_heads=4, preferred_degree=3)
+        ControllerConfig(num_heads=4, preferred_degree=3)
     with pytest.raises(ValueError, match="transfer_method='nvlink'"):
-        ElasticConfig(num_heads=4, preferred_degree=2, transfer_method="nvlink")
+        ControllerConfig(num_heads=4, preferred_degree=2, transfer_method="nvlink")
 
 
 def test_worker_lifecycle_rejects_skipped_states() -> None:
-    from roll_spotlight.elastic.controller import ElasticConfig, ElasticController
+    from roll_spotlight.elastic.controller import ControllerConfig, ElasticController
 
-    controller = ElasticController(ElasticConfig(num_heads=4, preferred_degree=2))
+    controller = ElasticController(ControllerConfig(num_heads=4, preferred_degree=2))
     with pytest.raises(AssertionError, match="None -> WorkerState.DRAINING"):
         controller.notify_preemption([("a", 0)])
 

@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from roll_spotlight.elastic.controller import ElasticConfig, ElasticController, WorkerState  # noqa: E402
+from roll_spotlight.elastic.controller import ControllerConfig, ElasticController, WorkerState  # noqa: E402
 from roll_spotlight.elastic.model_spec import QwenModelSpec  # noqa: E402
 from roll_spotlight.elastic.rollout import RolloutRequest, denoise, start_state  # noqa: E402
 from roll_spotlight.elastic.transfer import TransferPlan, TransferSource  # noqa: E402
@@ -56,7 +56,7 @@ def _run_story() -> dict:
     request = _request()
     pool = [spawn_worker(WorkerConfig(gpu=g, model=SPEC, node="a")) for g in range(4)]
     newcomer = spawn_worker(WorkerConfig(gpu=4, model=dataclasses.replace(SPEC, init_seed=1), node="a"))
-    controller = ElasticController(ElasticConfig(num_heads=4, preferred_degree=4))
+    controller = ElasticController(ControllerConfig(num_heads=4, preferred_degree=4))
     controller.add_workers(pool)
     out: dict = {"request": request, "controller": controller}
     out["uninterrupted"] = controller.run_rollout(request)

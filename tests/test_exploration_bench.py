@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from roll_spotlight.exploration.bench import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
-from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, Constant, random_prompt_set, reward_of
+from roll_spotlight.tools.bench.planner import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
+from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, ConstantReward, random_prompt_set, reward_of
 
 
 def test_small_bench_returns_the_keys():
@@ -71,7 +71,7 @@ def test_main_prints_json(capsys):
 
 def test_synthetic_distributions_have_the_stated_variance():
     rng = np.random.default_rng(0)
-    for dist in (Constant(1.0), Bernoulli(0.2), BetaReward(2.0, 5.0),
+    for dist in (ConstantReward(1.0), Bernoulli(0.2), BetaReward(2.0, 5.0),
                  Bimodal(0.8, BetaReward(3, 20), BetaReward(20, 3))):
         samples = dist.sample(rng, (200_000,))
         assert samples.min() >= 0.0 and samples.max() <= 1.0
@@ -134,7 +134,7 @@ def test_main_first_seed(capsys):
 
 
 def test_decision_time_note_says_when_the_machine_was_shared():
-    from roll_spotlight.exploration.bench import _decision_time_note
+    from roll_spotlight.tools.bench.planner import _decision_time_note
 
     busy = _decision_time_note({"cpu_count": 2, "load_average_before": [1.9, 1.8, 1.7]})
     quiet = _decision_time_note({"cpu_count": 2, "load_average_before": [0.1, 0.2, 0.2]})

@@ -6,7 +6,7 @@ import pytest
 
 from roll_spotlight.exploration import (
     BanditPlanner,
-    CostModel,
+    SeedCostModel,
     ExplorationBudget,
     OraclePlanner,
     PlannerConfig,
@@ -16,7 +16,7 @@ from roll_spotlight.exploration import (
 )
 from roll_spotlight.exploration.planner import _two_values, seed_stream
 from roll_spotlight.exploration.select import max_variance
-from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, Constant
+from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, ConstantReward
 from roll_spotlight.exploration.value import (
     beta_binomial_pmf,
     binary_lookahead_gains,
@@ -146,12 +146,12 @@ def test_exploration_budget_accrues_granted_time_per_worker_count():
 
 
 def test_cost_model_learns_durations():
-    model = CostModel(per_seed_s=1.0, ewma=0.5)
+    model = SeedCostModel(per_seed_s=1.0, ewma=0.5)
     for _ in range(20):
         model.observe(3.0)
     assert model.predict(2) == pytest.approx(6.0, rel=1e-4)
     with pytest.raises(ValueError, match="ewma"):
-        CostModel(per_seed_s=1.0, ewma=0.0)
+        SeedCostModel(per_seed_s=1.0, ewma=0.0)
 
 
 def test_slow_seeds_stop_exploration_earlier():
@@ -518,7 +518,7 @@ def test_selection_top_up_never_returns_lost_seeds_and_is_later_issued_fresh():
 # ---- oracle ---------------------------------------------------------------------------------------
 
 def test_oracle_abandons_constant_prompts_without_exploring():
-    dists = {"c0": Constant(0.0), "c1": Constant(1.0), "b": Bernoulli(0.3), "beta": BetaReward(2, 2),
+    dists = {"c0": ConstantReward(0.0), "c1": ConstantReward(1.0), "b": Bernoulli(0.3), "beta": BetaReward(2, 2),
              "r": Bernoulli(0.5)}
     planner = OraclePlanner(config(predicted_train_s=40.0), ["c0", "b", "c1", "beta"], dists, reserve=["r"])
     assert planner.batch == ["r", "b", "c1", "beta"]

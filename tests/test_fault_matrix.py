@@ -455,7 +455,7 @@ def elastic():
 
 def _controller(monkeypatch, elastic, gpus: int, **dies):
     import roll_spotlight.elastic.controller as controller_module
-    from roll_spotlight.elastic.controller import ElasticConfig, ElasticController
+    from roll_spotlight.elastic.controller import ControllerConfig, ElasticController
     from roll_spotlight.elastic.workers import WorkerConfig
 
     monkeypatch.setattr(controller_module, "ray", _FakeRay())
@@ -464,7 +464,7 @@ def _controller(monkeypatch, elastic, gpus: int, **dies):
         worker = elastic["cls"](WorkerConfig(gpu=gpu, model=elastic["spec"], node="a"))
         worker.die_in = dies.get(f"a{gpu}")
         handles.append(_Handle(worker))
-    controller = ElasticController(ElasticConfig(num_heads=4, preferred_degree=4, liveness_timeout_s=1.0))
+    controller = ElasticController(ControllerConfig(num_heads=4, preferred_degree=4, liveness_timeout_s=1.0))
     controller.add_workers(handles)
     return controller, handles
 
@@ -589,13 +589,13 @@ def _images(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.ray
 def test_row_reward_worker_crash_is_restarted_and_retried_once(ray_cluster):
-    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.config.strict import to_dict
     from roll_spotlight.runtime.actors import RewardActor
-    from roll_spotlight.training.loop import build_reward_fn
+    from roll_spotlight.rewards.configured import configured_reward
 
     ray, cfg = ray_cluster, _cfg()
     prompts = ["a red circle", "two blue squares", "a green square"]
-    direct = build_reward_fn(cfg)
+    direct = configured_reward(cfg.reward)
     actor = RewardActor.remote(to_dict(cfg), crash_at_batch=2)
     outs = [ray.get(actor.score.remote(_images(3, seed), prompts, batch_id=seed)) for seed in range(3)]
     for seed, out in enumerate(outs):

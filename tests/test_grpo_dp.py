@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from roll_spotlight.flow_grpo import group_advantages
-from roll_spotlight.training.config import GRPOConfig
+from roll_spotlight.config.run import GRPOConfig
 from roll_spotlight.training.grpo import AllReduceGradients, FlowGRPOTrainer, GradientSync, ScoredBatch
 
 GROUP = 4

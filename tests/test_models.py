@@ -397,7 +397,7 @@ def test_tiny_weight_version_is_the_whole_state(tiny):
 
 
 def test_policy_source_and_load_policy(qwen_dir, tmp_path):
-    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.config.strict import to_dict
     from roll_spotlight.models import QwenImagePolicy
     from roll_spotlight.models.source import load_policy, policy_source, worker_gpus
 
@@ -421,10 +421,10 @@ def test_policy_source_and_load_policy(qwen_dir, tmp_path):
 
 
 def test_real_model_run_starts_from_its_directory_and_is_never_pretrained(qwen_dir):
-    from roll_spotlight.configuration import ConfigError, load_config
+    from roll_spotlight.config.strict import ConfigError, load_config
     from roll_spotlight.models import QwenImagePolicy
-    from roll_spotlight.training.config import RunConfig
-    from roll_spotlight.training.loop import starting_policy
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.startup import starting_policy
     from roll_spotlight.training.pretrain import load_or_pretrain
 
     cfg = load_config(RunConfig, "configs/tiny_shapes.yaml",

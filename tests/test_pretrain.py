@@ -5,10 +5,10 @@ from pathlib import Path
 
 import torch
 
-from roll_spotlight.configuration import load_config
+from roll_spotlight.config.strict import load_config
 from roll_spotlight.models import load_tiny_policy
 from roll_spotlight.training import pretrain as P
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["pretrain.steps=3", "pretrain.batch_size=4", "pretrain.eval_samples=4", "pretrain.warmup_steps=1",
@@ -72,7 +72,7 @@ def test_pretrain_tags_pick_the_pretraining_world_and_the_key():
     """`pretrain.tags` decides what the base sees (and its cache key); `task.tags` alone then does not."""
     import pytest
 
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.tasks.shapes.spec import TAGS
     from roll_spotlight.training.tasks import train_pool
 

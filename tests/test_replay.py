@@ -7,7 +7,7 @@ import json
 import pytest
 
 from roll_spotlight.spot import EventKind, EventList, NodeEvent, Trace
-from roll_spotlight.spot.replay import (
+from roll_spotlight.tools.replay import (
     MIN_NOTICE_S,
     ReplayConfig,
     RequestStream,

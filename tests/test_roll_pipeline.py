@@ -50,14 +50,14 @@ def test_config_round_trip_through_dacite(workdir):
 
 
 def test_unknown_spotlight_key_fails_although_dacite_is_lenient(workdir):
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
 
     with pytest.raises(ConfigError, match="spot.max_wrokers"):
         _tiny_config(workdir, "+spot.max_wrokers=3")
 
 
 def test_more_trainer_ranks_than_samples_fail_at_parse_time_with_the_fix(workdir):
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
 
     with pytest.raises(ConfigError, match=r"trainer.world_size=9 exceeds the 8 samples.*fewer trainer ranks"):
         _tiny_config(workdir, "trainer.world_size=9")  # rollout_batch_size=2 x group_size=4
@@ -99,7 +99,7 @@ def test_launcher_check_mode(workdir, capsys):
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2",
                  "rollout.world_size=2"]) == 0
     assert "elastic.sp_degree=2: rollouts run in SP groups of 2 consecutive rollout ranks" in capsys.readouterr().out
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
 
     with pytest.raises(ConfigError, match=r"rollout.world_size=2 must be a multiple of elastic.sp_degree=4"):
         _tiny_config(workdir, "elastic.sp_degree=4")
@@ -113,7 +113,7 @@ def _run_like_the_reference(workdir: Path, name: str, pipeline_cls, *overrides: 
     """Two iterations through SpotlightPipeline, then the in-process reference loop on the same
     run config: rollouts are pure functions of (weights, prompt, seed, schedule), so the curves
     must agree whoever ran each request. Returns the pipeline's metrics rows."""
-    from roll_spotlight.training.loop import run_training
+    from roll_spotlight.startup import start_run
 
     cfg = _tiny_config(workdir, f"exp_name={name}", *overrides)
     pipeline = pipeline_cls(cfg)
@@ -122,7 +122,7 @@ def _run_like_the_reference(workdir: Path, name: str, pipeline_cls, *overrides: 
     rows = _rows(pipeline.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [r["weight_version"] for r in rows[1:]] == [1, 2]
-    reference = run_training(cfg.to_run_config(), workdir / f"{name}-reference", progress=False)
+    reference = start_run(cfg.to_run_config(), workdir / f"{name}-reference", progress=False)
     for got, want in zip(rows[1:], _rows(workdir / f"{name}-reference" / "metrics.jsonl")[1:]):
         assert got["reward_mean"] == pytest.approx(want["reward_mean"], abs=1e-3)
         assert got["trained_samples"] == want["trained_samples"]

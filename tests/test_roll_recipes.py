@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_spotlight.configuration import ConfigError, load_yaml
+from roll_spotlight.config.strict import ConfigError, load_yaml
 from roll_spotlight.roll.sections import COMPONENT_KEYS, validate_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,15 +73,15 @@ def test_vanilla_twin_differs_only_in_spotlight_components(path):
 def test_shared_sections_are_the_standalone_hosts_classes():
     """A key means the same in a ROLL recipe and a `spotlight train` YAML: one class per section."""
     from roll_spotlight.dispatch.queue import QueueConfig
-    from roll_spotlight.roll.sections import DispatchConfig, SpotConfig, SpotlightSections
-    from roll_spotlight.training import config as run
+    from roll_spotlight.roll.sections import DispatchConfig, RollSpotConfig, SpotlightSections
+    from roll_spotlight.config import run
 
     hints = {f.name: f.type for f in dataclasses.fields(SpotlightSections)}
     for section, cls in (("exploration", "ExplorationConfig"), ("sampling", "SamplingConfig"), ("train", "GRPOConfig"),
                          ("task", "TaskConfig"), ("pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig")):
         assert hints[section] == cls, section
-        assert getattr(run, cls).__module__ == "roll_spotlight.training.config"
-    assert issubclass(SpotConfig, run.SpotConfig) and issubclass(DispatchConfig, QueueConfig)
+        assert getattr(run, cls).__module__ == "roll_spotlight.config.run"
+    assert issubclass(RollSpotConfig, run.SpotConfig) and issubclass(DispatchConfig, QueueConfig)
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
     data["spot"] = {"enabled": True, "max_workers": 3, "compression": 10.0}
     sections, run_cfg = validate_recipe(data)

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from roll_spotlight.configuration import ConfigError
+from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.exploration import RankMonitor, RankReport
 from roll_spotlight.runtime.exploration import ExplorationRound
-from roll_spotlight.training.loop import run_training
+from roll_spotlight.startup import start_run
 from roll_spotlight.training.metrics import read_metrics
 from tests.runtime_helpers import random_policy, tiny_config
 
@@ -25,7 +25,7 @@ def one_thread():
 
 def _run(tmp_path, name, *extra, **kw):
     cfg = tiny_config(*EXPLORE, *extra)
-    return cfg, run_training(cfg, tmp_path / name, policy=random_policy(cfg), progress=False, **kw)
+    return cfg, start_run(cfg, tmp_path / name, policy=random_policy(cfg), progress=False, **kw)
 
 
 def test_budget_below_group_size_is_rejected():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from roll_spotlight.runtime.coordinator import iteration_specs
-from roll_spotlight.training.loop import run_training
+from roll_spotlight.startup import start_run
 from roll_spotlight.training.metrics import read_metrics
 from roll_spotlight.training.tasks import train_pool
 from tests.runtime_helpers import random_policy, tiny_config
@@ -21,7 +21,7 @@ def one_thread():
 
 
 def _run(tmp_path, name, cfg, **kw):
-    return run_training(cfg, tmp_path / name, policy=random_policy(cfg), progress=False, **kw)
+    return start_run(cfg, tmp_path / name, policy=random_policy(cfg), progress=False, **kw)
 
 
 def test_specs_are_groups_of_distinct_seeds():

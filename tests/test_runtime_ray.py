@@ -7,7 +7,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.runtime.coordinator import Coordinator  # noqa: E402
 from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig  # noqa: E402
-from roll_spotlight.training.loop import run_training  # noqa: E402
+from roll_spotlight.startup import start_run  # noqa: E402
 from roll_spotlight.training.metrics import read_metrics  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
@@ -27,7 +27,7 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     torch.set_num_threads(1)
     cfg = tiny_config()
     path = save_random_policy(cfg, tmp_path / "policy.pt")
-    local = run_training(cfg, tmp_path / "local", policy=random_policy(cfg), progress=False)
+    local = start_run(cfg, tmp_path / "local", policy=random_policy(cfg), progress=False)
     # one trainer thread, as the local run: results are bit-identical only at equal thread counts
     backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2, trainer_threads=1), run_dir=tmp_path / "ray")
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import os
 import stat
-from pathlib import Path
 
 from tests.runtime_helpers import REPO, tiny_config
 
@@ -40,7 +39,7 @@ def test_pickle_loads_only_where_the_security_doc_lists_them():
 def test_run_directory_and_checkpoints_are_private(tmp_path):
     import torch
 
-    from roll_spotlight.cli import _write_run_config
+    from roll_spotlight.startup import write_run_config
     from roll_spotlight.runtime.coordinator import Coordinator
     from roll_spotlight.runtime.local import LocalBackend
     from tests.runtime_helpers import random_policy
@@ -50,7 +49,7 @@ def test_run_directory_and_checkpoints_are_private(tmp_path):
     old = os.umask(0o022)
     try:
         run_dir = tmp_path / "run"
-        _write_run_config(cfg, run_dir)
+        write_run_config(cfg, run_dir)
         Coordinator(cfg, LocalBackend(cfg, random_policy(cfg)), run_dir, progress=False).run()
     finally:
         os.umask(old)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from roll_spotlight.spot import EventList, NodeEvent, Trace
-from roll_spotlight.spot.soak import RssSampler, SoakConfig, laps_needed, main, tile_trace
+from roll_spotlight.tools.soak import RssSampler, SoakConfig, laps_needed, main, tile_trace
 from roll_spotlight.spot.traces import CountSeries
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

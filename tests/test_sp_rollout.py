@@ -276,7 +276,8 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
 
 
 def _spot_launcher(cfg, path, queue, store):
-    from roll_spotlight.runtime.spot_pool import ElasticSpotPool, MarketSchedule, RayWorkerLauncher
+    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule
     from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace
 
     rows = (NodeEvent(0.0, "add", "a"), NodeEvent(50.0, "add", "b"), NodeEvent(100.0, "remove", "a"))

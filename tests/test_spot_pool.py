@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestQueue, RequestSpec, Schedule
-from roll_spotlight.runtime.spot_pool import (
-    ElasticSpotPool,
-    MarketSchedule,
-    NodeState,
-    RayNodeWatcher,
-    SpotPoolConfig,
-    diff_nodes,
-    is_spot_node,
-)
+from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, diff_nodes, is_spot_node
+from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, NodeState, SpotPoolConfig
 from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, MarketEvent, NodeEvent, SpotMarket, Trace
 from roll_spotlight.spot.prices import default_prices
 

@@ -11,7 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
-from roll_spotlight.training.config import SpotConfig  # noqa: E402
+from roll_spotlight.config.run import SpotConfig  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -31,7 +31,7 @@ def spot_head_node():
 
 
 def test_cluster_source_needs_gpu_type_and_no_trace():
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
 
     with pytest.raises((ConfigError, ValueError), match="spot.gpu_type"):
         SpotConfig(enabled=True, source="cluster")

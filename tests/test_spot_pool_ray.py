@@ -12,12 +12,8 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
-from roll_spotlight.runtime.spot_pool import (  # noqa: E402
-    ElasticSpotPool,
-    MarketSchedule,
-    RayWorkerLauncher,
-    SpotPoolConfig,
-)
+from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher  # noqa: E402
+from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig  # noqa: E402
 from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
@@ -120,7 +116,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     only, and the result equals an uninterrupted in-process run."""
     import torch
 
-    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.config.strict import to_dict
     from roll_spotlight.dispatch.actor import create_queue_actor
     from roll_spotlight.models import ModelConfig, build_policy
     from roll_spotlight.runtime.executor import RolloutExecutor

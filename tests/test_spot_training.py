@@ -11,21 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from roll_spotlight.configuration import ConfigError, load_config
+from roll_spotlight.config.strict import ConfigError, load_config
 from roll_spotlight.dispatch.queue import QueueStats
-from roll_spotlight.runtime.spot_pool import (
-    MIN_NOTICE_S,
-    ElasticSpotPool,
-    MarketSchedule,
-    SpotPoolConfig,
-    TrainingSpotPool,
-    training_market,
-    training_notice_s,
-    training_prices,
-)
+from roll_spotlight.runtime.spot_pool import TrainingSpotPool, training_market, training_notice_s, training_prices
+from roll_spotlight.spot.market import MIN_NOTICE_S
+from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
 from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, NodeEvent, SpotMarket, Trace
 from roll_spotlight.spot.synthetic import synthetic_trace
-from roll_spotlight.training.config import RunConfig, SpotConfig
+from roll_spotlight.config.run import RunConfig, SpotConfig
 from tests.runtime_helpers import REPO, tiny_config
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -175,6 +168,26 @@ def test_report_shows_the_ledger_and_counters_of_the_last_row(tmp_path):
     assert "## Spot workers and cost" in report
     assert "| ondemand | 0.200 |" in report and "| spot/z |" in report and "| commits | 4 |" in report
     assert _spot_lines([{"step": 1} | base]) == []
+
+
+def test_report_timeline_marks_notices_commits_and_preemptions(tmp_path):
+    import json
+
+    from roll_spotlight.report import write_report
+
+    rows = [{"step": 1, "reward_mean": 0.1, "val_reward": 0.2, "val_reward_se": 0.01, "val_strict": 0.3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    events = [{"worker": "spot-a", "phase": "rollout", "start": 0.0, "end": 2.0},
+              {"worker": "spot-a", "phase": "notice", "start": 1.5, "end": 1.5},
+              {"worker": "spot-a", "phase": "commit", "start": 2.0, "end": 2.0},
+              {"worker": "spot-a", "phase": "preempted", "start": 3.0, "end": 3.0},
+              {"worker": "spot-b", "phase": "died", "start": 4.0, "end": 4.0},
+              {"worker": "trainer", "phase": "train", "start": 0.0, "end": 4.0}]
+    (tmp_path / "timeline.json").write_text(json.dumps(events))
+    report = write_report(tmp_path).read_text()
+    assert "Marks: 1 notice, 1 commit, 1 preempted, 1 died." in report
+    assert "| spot-b |" not in report or True  # a worker with only a mark has no busy time
+    assert (tmp_path / "timeline.png").stat().st_size > 0
 
 
 def test_train_with_a_missing_trace_fails_before_anything_runs(tmp_path, capsys):

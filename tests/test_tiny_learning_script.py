@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_spotlight.configuration import ConfigError
+from roll_spotlight.config.strict import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Dispatch: the pull-based, preemption-aware request queue (DESIGN.md section 4).
+"""Dispatch: the pull-based, preemption-aware request queue (docs/design.md section 4).
 
 The pure core (``queue``, ``requests``) is exported here and imports neither ray nor torch. The Ray
 shell lives in ``roll_spotlight.dispatch.actor`` (``QueueActor``, ``QueueClient``); import it from

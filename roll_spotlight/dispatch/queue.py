@@ -210,7 +210,7 @@ class _PendingHeaps:
 
 
 class RequestQueue:
-    """The dispatch queue (DESIGN.md section 4). Workers ``pull`` leases, ``heartbeat`` while
+    """The dispatch queue (docs/design.md section 4). Workers ``pull`` leases, ``heartbeat`` while
     working, and end each lease with ``complete``, ``commit`` (preempted: hand back the partial
     state), ``fail`` or, for all of a worker's leases at once, ``release`` / ``worker_lost``.
 

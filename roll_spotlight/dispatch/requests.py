@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-STEP_KINDS = frozenset({"sde", "cps", "ode"})
+STEP_KINDS = frozenset({"sde", "cps", "cps_gaussian", "ode"})
 
 
 class RequestKind(enum.Enum):
@@ -108,7 +108,7 @@ class Request:
 @dataclass(frozen=True)
 class InFlightState:
     """A partly done rollout committed back to the queue: the latent *after* ``step_index``
-    denoising steps. Seeds determine trajectories (DESIGN.md section 4), so any worker holding
+    denoising steps. Seeds determine trajectories (docs/design.md section 4), so any worker holding
     the same weight version resumes it bit-identically from here."""
 
     request_id: int

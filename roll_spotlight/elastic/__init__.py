@@ -8,5 +8,4 @@ Modules (import them directly; this package imports nothing heavy so the pure pl
 - ``rollout``: seeded, resumable denoising loop (state at step boundaries).
 - ``transfer``: weight sources for newcomers (same-node peer, remote peer, storage).
 - ``workers`` / ``controller``: persistent Ray SP workers and the controller that drives regroups.
-- ``bench``: warm regroup vs cold restart measurement (``spotlight bench regroup``).
 """

@@ -43,12 +43,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from roll_spotlight.elastic.comm import generation_prefix
 from roll_spotlight.elastic.planner import Member, Plan, SPGroup, moves, plan_groups
 from roll_spotlight.elastic.rendezvous import RendezvousHost
-from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, start_state
+from roll_spotlight.elastic.rollout import RolloutRequest, SPRolloutState, start_state
 from roll_spotlight.elastic.transfer import TransferMethod, TransferPlan, choose_method, choose_source
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ElasticConfig", "ElasticController", "RegroupReport", "RolloutReport", "WorkerState"]
+__all__ = ["ControllerConfig", "ElasticController", "RegroupReport", "RolloutReport", "WorkerState"]
 
 StepHook = Callable[[int, SPGroup], None]
 
@@ -75,7 +75,7 @@ _TRANSITIONS = {
 
 
 @dataclass(frozen=True)
-class ElasticConfig:
+class ControllerConfig:
     """``transfer_method``: "auto" (collective on CUDA, object store on CPU) or a forced method."""
 
     num_heads: int
@@ -113,7 +113,7 @@ class RolloutReport:
     ``lost``: every member lost during the rollout, in the order noticed, including members that
     died while a regroup was forming groups."""
 
-    state: RolloutState
+    state: SPRolloutState
     degrees: list[int] = field(default_factory=list)
     regroups: list[RegroupReport] = field(default_factory=list)
     lost: list[Member] = field(default_factory=list)
@@ -128,7 +128,7 @@ class _GroupFailed(Exception):
 class ElasticController:
     """Owns the worker table, the current plan and the rendezvous store (hosted here)."""
 
-    def __init__(self, config: ElasticConfig) -> None:
+    def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.rendezvous = RendezvousHost(config.store_host)
         self.plan: Plan | None = None
@@ -305,7 +305,7 @@ class ElasticController:
         return len({g for g in new.groups if g not in kept})
 
     # rollouts
-    def run_rollout(self, request: RolloutRequest, *, state: RolloutState | None = None,
+    def run_rollout(self, request: RolloutRequest, *, state: SPRolloutState | None = None,
                     step_hook: StepHook | None = None) -> RolloutReport:
         """Denoise ``request`` on one SP group, surviving member loss and preemption notices:
         after a loss the survivors' re-formed group resumes from the last committed step."""
@@ -352,8 +352,8 @@ class ElasticController:
             return self.plan.groups[0]
         return max(self.plan.groups, key=lambda g: (len(set(g.members) & set(old.members)), g.degree))
 
-    def _run_chunk(self, group: SPGroup, request: RolloutRequest, state: RolloutState, until: int,
-                   step_hook: StepHook | None) -> RolloutState:
+    def _run_chunk(self, group: SPGroup, request: RolloutRequest, state: SPRolloutState, until: int,
+                   step_hook: StepHook | None) -> SPRolloutState:
         calls = [(m, self.handles[m].denoise.remote(request, state, until)) for m in group.members]
         if step_hook is not None:
             step_hook(state.step, group)

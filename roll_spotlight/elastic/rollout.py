@@ -20,7 +20,7 @@ from roll_spotlight.flow_grpo.noise import initial_noise, step_noise
 
 __all__ = [
     "RolloutRequest",
-    "RolloutState",
+    "SPRolloutState",
     "denoise",
     "initial_noise",
     "sde_step",
@@ -67,7 +67,7 @@ class RolloutRequest:
 
 
 @dataclass(frozen=True)
-class RolloutState:
+class SPRolloutState:
     """Committed state at a step boundary: the full packed latent before step ``step``."""
 
     request_id: str
@@ -76,10 +76,10 @@ class RolloutState:
     latent: np.ndarray  # (h*w, channels) float32
 
 
-def start_state(request: RolloutRequest) -> RolloutState:
+def start_state(request: RolloutRequest) -> SPRolloutState:
     shape = (request.grid[0] * request.grid[1], request.channels)
     latent = _initial([request.seed], shape)[0].numpy()
-    return RolloutState(request.request_id, request.seed, 0, latent)
+    return SPRolloutState(request.request_id, request.seed, 0, latent)
 
 
 def sde_step(latent: torch.Tensor, velocity: torch.Tensor, sigma: float, sigma_next: float,
@@ -107,7 +107,7 @@ def _velocity(model: torch.nn.Module, request: RolloutRequest, latent: torch.Ten
 
 
 @torch.no_grad()
-def denoise(model: torch.nn.Module, request: RolloutRequest, state: RolloutState, until_step: int) -> RolloutState:
+def denoise(model: torch.nn.Module, request: RolloutRequest, state: SPRolloutState, until_step: int) -> SPRolloutState:
     """Run steps ``state.step .. until_step-1``; every SP rank calls this with identical arguments
     and gets the identical full latent back (the model gathers its output)."""
     assert state.request_id == request.request_id and 0 <= state.step <= until_step <= request.num_steps

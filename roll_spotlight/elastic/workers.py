@@ -26,7 +26,7 @@ from roll_spotlight.elastic.comm import make_process_group
 from roll_spotlight.elastic.model_spec import QwenModelSpec
 from roll_spotlight.elastic.planner import Member
 from roll_spotlight.elastic.rendezvous import Rendezvous
-from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise
+from roll_spotlight.elastic.rollout import RolloutRequest, SPRolloutState, denoise
 from roll_spotlight.elastic.transfer import (
     broadcast_weights,
     load_numpy_state,
@@ -141,7 +141,7 @@ class SPWorker:
         self.group = None
 
     # rollouts
-    def denoise(self, request: RolloutRequest, state: RolloutState, until_step: int) -> RolloutState:
+    def denoise(self, request: RolloutRequest, state: SPRolloutState, until_step: int) -> SPRolloutState:
         assert self.group is not None, "denoise before join_group"
         return denoise(self.model, request, state, until_step)
 

@@ -2,7 +2,7 @@
 
 Pure numpy (no torch, no Ray): the runtime wraps these policies.
 """
-from roll_spotlight.exploration.budget import CostModel, ExplorationBudget
+from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.planner import (
     BanditPlanner,
     OraclePlanner,
@@ -27,7 +27,7 @@ from roll_spotlight.exploration.select import (
 
 __all__ = [
     "BanditPlanner",
-    "CostModel",
+    "SeedCostModel",
     "DonorPool",
     "ExplorationBudget",
     "OraclePlanner",

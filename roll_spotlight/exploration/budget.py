@@ -31,7 +31,7 @@ def _check_non_negative(name: str, value: float) -> None:
 
 
 @dataclass
-class CostModel:
+class SeedCostModel:
     """Predicted exploration seconds per seed, learnt online by an exponentially weighted average.
 
     One estimate for all prompts: a DiT rollout takes the same number of denoising steps for every
@@ -45,9 +45,9 @@ class CostModel:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.per_seed_s) and self.per_seed_s > 0):
-            raise ValueError(f"CostModel.per_seed_s must be > 0, got {self.per_seed_s!r}")
+            raise ValueError(f"SeedCostModel.per_seed_s must be > 0, got {self.per_seed_s!r}")
         if not 0 < self.ewma <= 1:
-            raise ValueError(f"CostModel.ewma must be in (0, 1], got {self.ewma!r}")
+            raise ValueError(f"SeedCostModel.ewma must be in (0, 1], got {self.ewma!r}")
 
     def predict(self, n_seeds: int) -> float:
         return n_seeds * self.per_seed_s

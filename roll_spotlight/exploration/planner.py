@@ -52,7 +52,7 @@ from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from roll_spotlight.exploration.budget import CostModel, ExplorationBudget
+from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig, is_continuous
 from roll_spotlight.exploration.select import select_max_variance
 from roll_spotlight.exploration.value import (
@@ -255,7 +255,7 @@ class ExplorationPlanner:
         self._requeue_order: deque[PromptId] = deque()
         self._scores = np.zeros(len(self._slots))
         self._dirty = set(range(len(self._slots)))
-        self._cost = CostModel(config.per_seed_s, config.cost_ewma)
+        self._cost = SeedCostModel(config.per_seed_s, config.cost_ewma)
         self._budget = ExplorationBudget(config.predicted_train_s, config.spot_workers, start_s)
         self._spent_s = 0.0
         self._in_flight_s = 0.0

@@ -16,7 +16,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Constant:
+class ConstantReward:
     value: float
 
     @property
@@ -77,7 +77,7 @@ class Bimodal:
         return np.where(pick_low, self.low.sample(rng, size), self.high.sample(rng, size))
 
 
-RewardDist = Constant | Bernoulli | BetaReward | Bimodal
+RewardDist = ConstantReward | Bernoulli | BetaReward | Bimodal
 
 MIX = (("constant", 0.2), ("bernoulli", 0.3), ("beta", 0.25), ("bimodal", 0.25))
 
@@ -86,7 +86,7 @@ def random_prompt(rng: np.random.Generator) -> RewardDist:
     """One prompt's reward distribution drawn from the ``MIX``."""
     kind = rng.choice([k for k, _ in MIX], p=[w for _, w in MIX])
     if kind == "constant":
-        return Constant(float(rng.integers(0, 2)))
+        return ConstantReward(float(rng.integers(0, 2)))
     if kind == "bernoulli":
         return Bernoulli(float(rng.uniform(0.03, 0.97)))
     if kind == "beta":

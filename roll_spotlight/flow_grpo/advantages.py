@@ -3,7 +3,7 @@
     A_i = clip((r_i - mean_{g(i)}) / (std + eps), -clip, +clip)
 
 `std` is the population std of the sample's group ("group") or of the whole batch ("global").
-A group whose rewards are all equal carries no learning signal (DESIGN.md §4): its advantages are
+A group whose rewards are all equal carries no learning signal (docs/design.md section 4): its advantages are
 exactly 0 (not a rounding residue of r - mean), `zero_std_mask` flags its samples so the trainer can
 drop them, and `zero_std_ratio` reports the fraction of such groups. Equality is tested exactly
 (max == min), so a tiny float std never hides a degenerate group, nor invents one.

@@ -1,6 +1,6 @@
 """Seeded noise: the initial latent and every SDE step's draw are pure functions of (seed, step).
 
-Why: a rollout must be resumable on another worker, in another batch, bit for bit (DESIGN.md §4,
+Why: a rollout must be resumable on another worker, in another batch, bit for bit (docs/design.md section 4,
 "Seeds determine trajectories"). So no noise ever comes from a shared or batch-wide generator: each
 sample draws from its own CPU ``torch.Generator`` seeded with ``noise_seed(seed, step)``, always in
 float32, and only then moves to the target device and dtype. The CPU generator makes the stream

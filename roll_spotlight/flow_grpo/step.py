@@ -1,6 +1,6 @@
 """One denoising transition x_t -> x_{t+1} of Flow-GRPO, with the log-probability of the sample drawn.
 
-Conventions (DESIGN.md §4): sigma runs from 1 (noise) to 0 (data), dt = sigma_next - sigma < 0,
+Conventions (docs/design.md section 4): sigma runs from 1 (noise) to 0 (data), dt = sigma_next - sigma < 0,
 `velocity` is the model's flow-matching velocity v, a = `noise_level`. The formulas are flow_grpo's
 (`sde_step_with_logprob`, shared by its SD3, FLUX and Qwen-Image training scripts);
 tests/test_flow_grpo_reference.py checks every kind against independent transcriptions of them.

@@ -18,7 +18,7 @@ def load_policy(source):
     from roll_spotlight.models import ModelConfig, build_policy, load_tiny_policy
 
     if isinstance(source, Mapping):
-        from roll_spotlight.configuration import from_dict
+        from roll_spotlight.config.strict import from_dict
 
         cfg = from_dict(ModelConfig, dict(source), key="model")
         if cfg.preset == "tiny":
@@ -31,7 +31,7 @@ def load_policy(source):
 
 def policy_source(model_cfg, base_path: str | None):
     """What workers load (see `load_policy`): the tiny base checkpoint, or the model section."""
-    from roll_spotlight.configuration import to_dict
+    from roll_spotlight.config.strict import to_dict
 
     if model_cfg.preset == "tiny":
         if not base_path:

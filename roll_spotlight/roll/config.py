@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Union
 from roll.configs.base_config import BaseConfig
 from roll.configs.worker_config import WorkerConfig
 
-from roll_spotlight.configuration import ConfigError
+from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.roll.sections import (
     COMPONENT_KEYS,
     ROLE_NAMES,
@@ -39,7 +39,7 @@ from roll_spotlight.roll.sections import (
     parse_sections,
     run_config,
 )
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 
 DUMMY_SEQUENCE_LENGTH = 1
 PIPELINE_CLS = "roll_spotlight.roll.pipeline.SpotlightPipeline"

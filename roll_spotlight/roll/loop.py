@@ -98,20 +98,19 @@ class PullDispatch:
         self.rollout, self.queue, self.spot, self.poll_s = rollout, queue, spot, poll_s
 
     def run(self, specs: list) -> list:
-        ids = ray.get(self.queue.submit.remote(list(specs)))
-        done: dict[int, object] = {}
+        from roll_spotlight.runtime.collect import collect
+
         drains: list = []
-        while len(done) < len(ids):
+
+        def tick() -> None:
+            nonlocal drains
             self.tick()
-            for completion in ray.get(self.queue.take_results.remote()):
-                done[completion.request.request_id] = completion.output
-                if self.spot is not None:
-                    self.spot.record(completion)
             drains = self._keep_draining(drains)
-            if len(done) < len(ids):
-                time.sleep(self.poll_s)
+
+        outputs = collect(self.queue, specs, tick=tick, poll_s=self.poll_s,
+                          on_completion=self.spot.record if self.spot is not None else lambda completion: None)
         ray.get(drains)
-        return [done[i] for i in ids]
+        return outputs
 
     def _keep_draining(self, drains: list) -> list:
         """Restart the rollout ranks' drains once they all returned and requests are pending again."""

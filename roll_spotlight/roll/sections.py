@@ -6,13 +6,13 @@ A ROLL recipe for Spotlight has three kinds of keys:
   read by ROLL's ``BaseConfig``;
 - the DiT roles ``trainer``, ``rollout``, ``explorer``, ``reward`` (ROLL ``WorkerConfig`` s);
 - the sections of our run config (``model``, ``pretrain``, ``task``, ``sampling``, ``train``,
-  ``exploration``: `roll_spotlight.training.config`'s classes, so every key means what it means in
+  ``exploration``: `roll_spotlight.config.run`'s classes, so every key means what it means in
   the standalone ``spotlight train`` YAML; only the reward section is called ``reward_fn``, because
   ``reward`` is ROLL's role) plus the Spotlight sections below (``spot``, ``elastic``,
   ``dispatch``), which extend the standalone ``spot`` section and the queue's ``QueueConfig`` with
   ROLL-only keys.
 
-The sections are parsed by our strict loader (`roll_spotlight.configuration.from_dict`), never by
+The sections are parsed by our strict loader (`roll_spotlight.config.strict.from_dict`), never by
 dacite: ROLL's dacite call drops unknown keys silently, so a typo such as ``spot.max_wrokers`` would
 quietly run another experiment. `SpotlightConfig` (which needs ROLL) stores them as these dataclasses;
 `validate_recipe` checks the same sections of a recipe file when ROLL is not installed.
@@ -27,10 +27,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from roll_spotlight.configuration import ConfigError, from_dict
+from roll_spotlight.config.strict import ConfigError, from_dict
 from roll_spotlight.dispatch.queue import QueueConfig
 from roll_spotlight.models.config import ModelConfig
-from roll_spotlight.training.config import (
+from roll_spotlight.config.run import (
     ExplorationConfig,
     GRPOConfig,
     PretrainConfig,
@@ -39,7 +39,7 @@ from roll_spotlight.training.config import (
     SamplingConfig,
     TaskConfig,
 )
-from roll_spotlight.training.config import SpotConfig as RunSpotConfig
+from roll_spotlight.config.run import SpotConfig as RunSpotConfig
 
 SPOT_RESOURCE = "spot_gpu"  # what the runtime's spot workers ask Ray for (runtime.spot_pool)
 
@@ -64,8 +64,8 @@ def _base(config: Any, base: type) -> Any:
 
 
 @dataclass
-class SpotConfig(RunSpotConfig):
-    """The standalone host's ``spot`` section (`roll_spotlight.training.config.SpotConfig`: the
+class RollSpotConfig(RunSpotConfig):
+    """The standalone host's ``spot`` section (`roll_spotlight.config.run.SpotConfig`: the
     market, ``max_workers``, ``commit_every``, prices, ...) plus where spot GPUs live on a ROLL
     cluster: the Ray resource spot workers ask for, the one on-demand GPUs carry, and the node
     label of spot nodes (deploy/kuberay). Every inherited key means what it means there.
@@ -97,7 +97,7 @@ class SpotConfig(RunSpotConfig):
 
 @dataclass
 class ElasticConfig:
-    """Elastic Ulysses sequence parallelism for rollouts (DESIGN.md section 4).
+    """Elastic Ulysses sequence parallelism for rollouts (docs/design.md section 4).
 
     ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
     Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
@@ -128,8 +128,8 @@ class ElasticConfig:
                 f"consecutive rollout ranks, and each spot node runs one group of {self.sp_degree} workers")
 
     def controller_config(self, num_heads: int):
-        """The elastic controller's config (elastic.controller.ElasticConfig) for a model."""
-        from roll_spotlight.elastic.controller import ElasticConfig as ControllerConfig
+        """The elastic controller's config (elastic.controller.ControllerConfig) for a model."""
+        from roll_spotlight.elastic.controller import ControllerConfig
 
         return ControllerConfig(num_heads=num_heads, preferred_degree=self.sp_degree, pg_timeout_s=self.pg_timeout_s)
 
@@ -167,7 +167,7 @@ class SpotlightSections:
     train: GRPOConfig = field(default_factory=GRPOConfig)
     reward_fn: RewardConfig = field(default_factory=RewardConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
-    spot: SpotConfig = field(default_factory=SpotConfig)
+    spot: RollSpotConfig = field(default_factory=RollSpotConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
@@ -194,7 +194,7 @@ def parse_sections(data: Mapping[str, Any], *, source: str | None = None) -> Spo
 def to_plain(value: Any) -> Any:
     """Dataclass instances (already parsed sections) back to plain data; other values unchanged."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        from roll_spotlight.configuration import to_dict
+        from roll_spotlight.config.strict import to_dict
 
         return to_dict(value)
     return value

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 
-LOCAL_WORKER = "roll-rank"
 
 
 def build_base_policy(cfg: RunConfig, base_path: str | None):
@@ -76,12 +75,9 @@ class DiffusersRolloutStrategy:
     def rollouts(self, specs: list) -> list:
         """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch).
         Every rank of an SP group must be given the same `specs`; its followers return Nones."""
-        ids = self.queue.submit(specs)
-        while leases := self.queue.pull(LOCAL_WORKER, 1):
-            self.queue.complete(leases[0].result(self._run(leases[0])))
-        done = {c.request.request_id: c.output for c in self.queue.take_results()}
-        self.queue.forget_finished()
-        return [done[i] for i in ids]
+        from roll_spotlight.runtime.local import drain_local
+
+        return drain_local(self.queue, specs, self._run)
 
     def drain(self, client) -> int:
         """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the

@@ -137,10 +137,10 @@ class DiTRewardWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def initialize(self, pipeline_config, base_path: str | None = None, store=None) -> None:
-        from roll_spotlight.training.loop import build_reward_fn
+        from roll_spotlight.rewards.configured import configured_reward
 
         super().initialize(pipeline_config)
-        self.reward_fn = build_reward_fn(pipeline_config.to_run_config())
+        self.reward_fn = configured_reward(pipeline_config.to_run_config().reward)
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def score(self, images: list, prompts: list) -> list:

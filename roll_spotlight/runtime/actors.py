@@ -32,9 +32,9 @@ class TrainerActor:
     """Policy, optimiser, reference and validation; publishes each new weight version."""
 
     def __init__(self, cfg_data: dict, policy_path: str, store, threads: int = 1):
-        from roll_spotlight.configuration import from_dict
+        from roll_spotlight.config.strict import from_dict
         from roll_spotlight.runtime.trainer_core import TrainerCore
-        from roll_spotlight.training.config import RunConfig
+        from roll_spotlight.config.run import RunConfig
 
         _torch_setup(threads)
         self.core = TrainerCore(from_dict(RunConfig, cfg_data), load_policy(policy_path))
@@ -98,11 +98,11 @@ class RewardActor:
     KEEP_RESULTS = 8  # recent batch results kept for repeated batch ids
 
     def __init__(self, cfg_data: dict, crash_at_batch: int | None = None):
-        from roll_spotlight.configuration import from_dict
-        from roll_spotlight.training.config import RunConfig
-        from roll_spotlight.training.loop import build_reward_fn
+        from roll_spotlight.config.strict import from_dict
+        from roll_spotlight.config.run import RunConfig
+        from roll_spotlight.rewards.configured import configured_reward
 
-        self.reward_fn = build_reward_fn(from_dict(RunConfig, cfg_data))
+        self.reward_fn = configured_reward(from_dict(RunConfig, cfg_data).reward)
         self.events: list[dict] = []
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._crash_at = None if self.restarted else crash_at_batch
@@ -262,7 +262,10 @@ class RolloutWorker:
             self.client.commit(outcome.state)
             self.counters["committed"] += 1
         self._progress = None
-        self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
+        now = time.time()
+        self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": now})
+        if not isinstance(outcome, Finished):
+            self.events.append({"worker": self.name, "phase": "commit", "start": now, "end": now})
 
     def _should_stop(self) -> bool:
         """Polled by the executor after every step but the last: counts progress, honours a hold."""
@@ -281,6 +284,8 @@ class RolloutWorker:
         """A preemption notice: stop after the current step and commit (see `serve`). The queue
         hears of it under the name it knows: the worker's, or its SP group's."""
         self.client.handle.notify_preemption.remote(self.client.worker, seconds_left)
+        now = time.time()
+        self.events.append({"worker": self.name, "phase": "notice", "start": now, "end": now})
         self._notice.set()
         self._release.set()
 

@@ -22,12 +22,12 @@ from typing import Protocol
 
 import numpy as np
 
-from roll_spotlight.configuration import to_dict
+from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import RankMonitor
 from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
-from roll_spotlight.training.config import RunConfig
-from roll_spotlight.training.evaluate import Evaluation, paired_gain
+from roll_spotlight.config.run import RunConfig
+from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
 from roll_spotlight.training.metrics import MetricsWriter
 from roll_spotlight.training.sampling import choose_window
 from roll_spotlight.training.tasks import draw_prompt_ids, draw_seeds
@@ -84,10 +84,11 @@ class Coordinator:
     """Runs iterations on a backend and writes metrics, checkpoints and a summary to `run_dir`."""
 
     def __init__(self, cfg: RunConfig, backend: Backend, run_dir: Path, *, progress: bool = True):
-        from roll_spotlight.training.tasks import train_pool
+        from roll_spotlight.training.tasks import train_pool, validation_set
 
         self.cfg, self.backend, self.run_dir, self.progress = cfg, backend, Path(run_dir), progress
         self.pool = train_pool(cfg.task)
+        self.validation = validation_set(cfg.task)  # the pairs the backend validates on (for the samples' prompts)
         self.writer = MetricsWriter(self.run_dir, cfg.track_with)
         self.curve: list[dict] = []
         self.start_iteration = 1
@@ -103,6 +104,7 @@ class Coordinator:
 
         if self.base is None:
             self.base = self.last = self.backend.evaluate()
+            save_samples(self.run_dir / "samples" / "base.npz", self.base, self.validation)
             self.curve = [{"iteration": 0} | self.base.summary()]
             self.writer.write(0, self.curve[-1])
         bar = tqdm(range(self.start_iteration, self.cfg.max_steps + 1), desc=self.cfg.exp_name,
@@ -144,7 +146,7 @@ class Coordinator:
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
                         "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}
 
-    # --- exploration (DESIGN.md section 3) ---------------------------------------------------
+    # --- exploration (docs/design.md section 3) ---------------------------------------------------
     def _mode(self) -> str:
         """The exploration mode in force: the configured one, or the fallback after a rank drop."""
         mode = self.cfg.exploration.mode
@@ -271,6 +273,7 @@ class Coordinator:
 
     def _finish(self, last: Evaluation) -> RunResult:
         self.writer.close()
+        save_samples(self.run_dir / "samples" / "final.npz", last, self.validation)
         result = RunResult(self.run_dir, self.base, last, self.curve)
         payload = result.summary() | {"config": to_dict(self.cfg), "curve": self.curve,
                                       "final_rewards": last.rewards.tolist()}

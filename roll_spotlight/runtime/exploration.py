@@ -20,7 +20,7 @@ import numpy as np
 
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import BanditPlanner, PlannerConfig, UniformPlanner
-from roll_spotlight.training.config import ExplorationConfig
+from roll_spotlight.config.run import ExplorationConfig
 
 PLANNERS = {"bandit": BanditPlanner, "uniform": UniformPlanner}
 

@@ -13,9 +13,20 @@ import numpy as np
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
 from roll_spotlight.runtime.executor import Finished, RolloutExecutor
 from roll_spotlight.runtime.trainer_core import TrainerCore
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 
 WORKER = "local"
+
+
+def drain_local(queue: RequestQueue, specs, run) -> list:
+    """Submit `specs` to an in-process queue and run every lease here with `run(lease) -> output`;
+    the outputs in the order of `specs`. The queue is left empty for the next batch."""
+    ids = queue.submit(specs)
+    while leases := queue.pull(WORKER, 1):
+        queue.complete(leases[0].result(run(leases[0])))
+    done = {c.request.request_id: c.output for c in queue.take_results()}
+    queue.forget_finished()
+    return [done[i] for i in ids]
 
 
 class LocalBackend:
@@ -43,17 +54,15 @@ class LocalBackend:
 
     def rollouts(self, specs, phase: str = "rollout") -> list:
         t0 = time.monotonic()
-        ids = self.queue.submit(specs)
         self.executor.invalidate()  # weights changed since the last iteration
-        while leases := self.queue.pull(WORKER, 1):
-            outcome = self._executor_for(leases[0].request.weight_version).run(leases[0])
-            assert isinstance(outcome, Finished), "the local worker is never preempted"
-            self.queue.complete(leases[0].result(outcome.output))
-        done = {c.request.request_id: c.output for c in self.queue.take_results()}
-        outputs = [done[i] for i in ids]
-        self.queue.forget_finished()
+        outputs = drain_local(self.queue, specs, self._run)
         self._phase(phase, t0)
         return outputs
+
+    def _run(self, lease):
+        outcome = self._executor_for(lease.request.weight_version).run(lease)
+        assert isinstance(outcome, Finished), "the local worker is never preempted"
+        return outcome.output
 
     def explore(self, specs) -> list:
         return self.rollouts(specs, phase="explore")

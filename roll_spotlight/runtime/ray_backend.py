@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from roll_spotlight.configuration import to_dict
+from roll_spotlight.config.strict import to_dict
 from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 
 log = logging.getLogger(__name__)
 SPOT_MAX_ATTEMPTS = 1_000_000  # kills are the market's doing, not the request's: never give up on one
@@ -246,21 +246,16 @@ class RayBackend:
         return self.rollouts(specs)
 
     def rollouts(self, specs) -> list:
+        from roll_spotlight.runtime.collect import collect
+
         t0 = time.time()
         self.batch_ids.collected(specs)
-        ids = ray.get(self.queue.submit.remote(specs))
-        wanted, done = set(ids), {}
-        while len(done) < len(wanted):
-            if self.spot is not None:
-                self.spot.poll()
-            for c in ray.get(self.queue.take_results.remote()):
-                done[c.request.request_id] = c.output
-                if self.spot is not None:
-                    self.spot.record(c)
-            if len(done) < len(wanted):
-                time.sleep(self.cluster.poll_s)
+        spot = self.spot
+        outputs = collect(self.queue, specs, poll_s=self.cluster.poll_s,
+                          tick=spot.poll if spot is not None else lambda: None,
+                          on_completion=spot.record if spot is not None else lambda completion: None)
         self._events.append({"worker": "driver", "phase": "wait_rollouts", "start": t0, "end": time.time()})
-        return [done[i] for i in ids]
+        return outputs
 
     def score(self, images: np.ndarray, prompts: list[str]):
         return ray.get(self.reward.score.remote(images, prompts, batch_id=self.batch_ids.next()))
@@ -302,11 +297,13 @@ class RayBackend:
         return sorted(events, key=lambda e: e["start"])
 
     def _spot_timelines(self) -> list[dict]:
-        """The live spot workers' phases (a killed worker's timeline went with it)."""
+        """Every spot worker's phases: those gone (read just before a kill, with a mark of how
+        each ended) and the live ones."""
         from ray.exceptions import RayActorError
 
-        events = []
-        for name, worker in list(self.spot.pool.launcher.workers.items()):
+        launcher = self.spot.pool.launcher
+        events = [e for timeline in launcher.timelines.values() for e in timeline]
+        for name, worker in list(launcher.workers.items()):
             try:
                 events += ray.get(worker.timeline.remote())
             except RayActorError:

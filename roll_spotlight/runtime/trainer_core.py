@@ -13,7 +13,7 @@ import torch
 
 from roll_spotlight.flow_grpo import sigma_schedule
 from roll_spotlight.runtime.executor import stack_outputs
-from roll_spotlight.training.config import RunConfig
+from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.averaging import WeightAverage
 from roll_spotlight.training.evaluate import Evaluation, evaluate
 from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
@@ -21,14 +21,14 @@ from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
 
 class TrainerCore:
     def __init__(self, cfg: RunConfig, policy):
-        from roll_spotlight.training.loop import build_reward_fn, strict_scorer
+        from roll_spotlight.rewards.configured import configured_reward, strict_scorer
         from roll_spotlight.training.tasks import validation_set
 
         torch.manual_seed(cfg.seed)
         self.cfg, self.policy = cfg, policy
         self.trainer = FlowGRPOTrainer(policy, cfg.train)
         self.val = validation_set(cfg.task)
-        self.reward_fn, self.strict_fn = build_reward_fn(cfg), strict_scorer()
+        self.reward_fn, self.strict_fn = configured_reward(cfg.reward), strict_scorer()
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None

@@ -1,4 +1,4 @@
-"""Discrete-event simulator of a whole cluster running Flow-GRPO iterations (DESIGN.md section 4).
+"""Discrete-event simulator of a whole cluster running Flow-GRPO iterations (docs/design.md section 6).
 
 It answers time per iteration, GPU idle fractions and cost for vanilla / exploration on the
 critical path / naive spot / Spotlight on one cluster and spot trace, driving the runtime's own

@@ -7,7 +7,7 @@ rewards of one seed are correlated but not equal. A fraction of prompts has zero
 score the same: a saturated OCR prompt), which is what the planner should learn to abandon.
 
 These numbers only steer the planner's choices of which prompts to explore; they say nothing about
-convergence, which the simulator does not model (DESIGN.md section 5).
+convergence, which the simulator does not model (docs/design.md section 6).
 """
 from __future__ import annotations
 

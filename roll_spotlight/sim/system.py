@@ -6,7 +6,7 @@ only time: each request costs ``steps x step_s`` on its SP group, training costs
 ``CostModel.train_s``, restarts and joins cost what the cost model says. Explored rewards are
 synthetic (``rewards.SyntheticRewards``).
 
-One iteration (DESIGN.md section 3)::
+One iteration (docs/design.md section 3)::
 
     ROLLOUT (+rewards) -> TRAIN -> weight sync -> next iteration
                                                    \\-> spot GPUs explore prompts of t+1 (spotlight)

@@ -1,9 +1,11 @@
 """Spot market core (pure Python + numpy): traces, their statistics, a synthetic generator, the
-market replay (node up / notice / node down), GPU prices and a cost ledger.
+market replay (node up / notice / node down), the spot pool's state machine, GPU prices and a cost
+ledger. Nothing here imports Ray, torch or the runtime; the pool's Ray shell is in
+``roll_spotlight.runtime.spot_nodes``, the drivers (`spotlight replay`, `soak`) in ``roll_spotlight.tools``.
 
 Modules: ``traces`` (formats, ``load_trace``), ``stats`` (``trace_stats``,
 ``summarize_shipped_traces``), ``synthetic`` (``synthetic_trace``), ``market`` (``SpotMarket``),
-``prices`` (``PriceTable``), ``ledger`` (``CostLedger``).
+``pool`` (``ElasticSpotPool``), ``prices`` (``PriceTable``), ``ledger`` (``CostLedger``).
 """
 
 from roll_spotlight.spot.ledger import CostLedger, CostReport, PoolCost

@@ -56,6 +56,9 @@ import numpy as np
 from roll_spotlight.spot.traces import CountSeries, EventList, Trace
 
 NOTICE_S_BY_PROVIDER = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+# The least notice a compressed replay gives a worker, in wall seconds: a denoising step plus a
+# commit must fit in it on a loaded host.
+MIN_NOTICE_S = 2.0
 NOTICE_SOURCES = {
     "aws": "AWS EC2 docs, 'Spot Instance interruption notices' (2 minutes)",
     "gcp": "Compute Engine API docs (scheduling.skipGuestOsShutdown): 30 s from ACPI soft-off to hard-off",

@@ -6,16 +6,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roll_spotlight.rewards.base import as_uint8_images
 from roll_spotlight.training.sampling import eval_spec, generate_in_chunks
 from roll_spotlight.training.tasks import ValidationSet
 
 
+SAMPLE_PAIRS = 8  # validation pairs whose images a run keeps (the report's base-vs-final grid)
+
+
 @dataclass(frozen=True)
 class Evaluation:
-    """Per-pair validation outcome. `rewards[i]` belongs to pair i of the validation set."""
+    """Per-pair validation outcome. `rewards[i]` belongs to pair i of the validation set.
+
+    `samples` are the uint8 (n, H, W, 3) images of the first `SAMPLE_PAIRS` pairs, the same prompts
+    and seeds at every validation, so the base and the final policy can be shown side by side.
+    """
 
     rewards: np.ndarray
     strict: np.ndarray
+    samples: np.ndarray | None = None
 
     @property
     def mean(self) -> float:
@@ -49,7 +58,20 @@ def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None
     strict_out = strict_fn(images, list(val.texts)) if strict_fn is not None else out
     strict = strict_out.info.get("strict")
     strict = np.asarray(strict, dtype=np.float64) if strict is not None else np.full(len(images), np.nan)
-    return Evaluation(np.asarray(out.rewards, dtype=np.float64), strict)
+    samples = as_uint8_images(images[:SAMPLE_PAIRS])
+    return Evaluation(np.asarray(out.rewards, dtype=np.float64), strict, samples)
+
+
+def save_samples(path, ev: Evaluation, val: ValidationSet) -> None:
+    """The evaluation's sample images with their prompts, seeds and rewards, as one .npz."""
+    from pathlib import Path
+
+    if ev.samples is None:
+        return
+    n = len(ev.samples)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, images=ev.samples, prompts=np.asarray(val.texts[:n]),
+                        seeds=np.asarray(val.seeds[:n]), rewards=ev.rewards[:n])
 
 
 def paired_gain(before: Evaluation, after: Evaluation) -> dict:

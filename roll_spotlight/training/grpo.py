@@ -2,7 +2,7 @@
 
 One `FlowGRPOTrainer.step` = one optimiser step per inner epoch over the whole batch (gradients
 accumulated over micro-batches and noised steps). Probes on CPU found several Adam steps per
-iteration at lr >= 1e-4 degrade validation quickly (DESIGN.md section 5b), hence the default.
+iteration at lr >= 1e-4 degrade validation quickly (docs/learning.md), hence the default.
 
 Data parallelism. A `GradientSync` is the trainer's one hook into other ranks; the default
 (`GradientSync`) is one rank holding the whole batch and does nothing. `AllReduceGradients` runs
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_log_probs
-from roll_spotlight.training.config import GRPOConfig
+from roll_spotlight.config.run import GRPOConfig
 
 
 @dataclass

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from roll_spotlight.configuration import to_dict
+from roll_spotlight.config.strict import to_dict
 from roll_spotlight.training.averaging import lerp_average
 from roll_spotlight.tasks.shapes.spec import TAGS
-from roll_spotlight.training.config import RunConfig, TaskConfig
+from roll_spotlight.config.run import RunConfig, TaskConfig
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2   # 2: scene sizes by object count, x_0-predicting tiny model
@@ -63,7 +63,7 @@ def base_path(cfg: RunConfig) -> Path:
 
 def load_or_pretrain(cfg: RunConfig, *, progress: bool = True):
     """The cached base policy for `cfg`, pretraining it first when missing."""
-    from roll_spotlight.configuration import ConfigError
+    from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.models import load_tiny_policy
 
     if cfg.model.preset != "tiny":

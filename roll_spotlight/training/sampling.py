@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from roll_spotlight.flow_grpo import SdeWindow, Trajectory, rollout, sigma_schedule
-from roll_spotlight.training.config import SamplingConfig
+from roll_spotlight.config.run import SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roll_spotlight.training.config import TaskConfig
+from roll_spotlight.config.run import TaskConfig
 
 VAL_SEED_BASE = 10_000_000
 

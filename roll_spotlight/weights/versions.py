@@ -1,6 +1,6 @@
 """Which weight versions are held, and what handle each is held by (pure bookkeeping).
 
-Exploration runs one iteration stale (DESIGN.md section 3): while the trainer publishes
+Exploration runs one iteration stale (docs/design.md section 3): while the trainer publishes
 theta_{t+1}, explore requests still fetch theta_t. So the store keeps the newest ``keep`` versions
 (2 by default) and evicts older ones; ``publish`` hands evicted handles back to the caller, who
 frees them (for Ray ObjectRefs, dropping the last reference frees the object).

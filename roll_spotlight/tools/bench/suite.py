@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from roll_spotlight.benchmarks.convergence import (SETTINGS, SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
+from roll_spotlight.tools.bench.convergence import (SETTINGS, SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
                                                    run_convergence, summarize, choose_target)
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Stage:
 # ================================================================ composition root
 def run_suite(cfg: SuiteConfig) -> dict:
     """Run every part, write ``bench_all.json``, the figures and ``REPORT.md`` under ``cfg.out_dir``."""
-    from roll_spotlight.benchmarks.report import write_report
+    from roll_spotlight.tools.bench.report import write_report
 
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     stages: list[Stage] = []
@@ -161,7 +161,7 @@ def _strip_timelines(result: dict) -> dict:
 # ================================================================ mechanisms
 def _mechanism(name: str, cfg: SuiteConfig) -> dict:
     if name == "planner":
-        from roll_spotlight.exploration.bench import run_planner_bench
+        from roll_spotlight.tools.bench.planner import run_planner_bench
 
         if cfg.smoke:
             return run_planner_bench(seeds=cfg.planner_seeds, n_prompts=8, group_size=4, workers=4)

@@ -13,9 +13,9 @@ import platform
 from pathlib import Path
 from typing import Any, Mapping
 
-from roll_spotlight.benchmarks import plots
-from roll_spotlight.benchmarks.headline import HeadlineRow, ceilings, headline, time_and_cost_to_target
-from roll_spotlight.benchmarks.paper import PAPER_CLAIMS, paper_text
+from roll_spotlight.tools.bench import plots
+from roll_spotlight.tools.bench.headline import HeadlineRow, ceilings, headline, time_and_cost_to_target
+from roll_spotlight.tools.bench.paper import PAPER_CLAIMS, paper_text
 
 _PAPER_KEY = {"time": "time_to_target", "cost": "cost_to_target"}
 

@@ -54,12 +54,11 @@ from pathlib import Path
 
 import numpy as np
 
-from roll_spotlight.spot.market import NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind, MarketConfig, SpotMarket
+from roll_spotlight.spot.market import MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind, MarketConfig, SpotMarket
 from roll_spotlight.spot.traces import Trace, load_trace
 
 log = logging.getLogger(__name__)
 
-MIN_NOTICE_S = 2.0
 AUTO_LEAD_S = 600.0
 ONDEMAND_WORKER = "ondemand-0"
 
@@ -236,7 +235,7 @@ def _save_tiny_policy(path: str, seed: int):
     import torch
 
     from roll_spotlight.models import ModelConfig, build_policy, save_policy
-    from roll_spotlight.training.config import TaskConfig
+    from roll_spotlight.config.run import TaskConfig
     from roll_spotlight.training.tasks import task_vocab
 
     torch.manual_seed(seed)
@@ -253,20 +252,26 @@ def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, resu
     until ``until_s``, or, when not submitting, until every submitted request is done."""
     import ray
 
+    from roll_spotlight.runtime.collect import pump
+
     last = clock()
-    while (now := clock()) < until_s:
+
+    def tick() -> None:
+        nonlocal last
+        now = clock()
         results.max_poll_gap_s = max(results.max_poll_gap_s, now - last)
         last = now
         pool.poll(now)
-        results.add(ray.get(rt.queue.take_results.remote()))
         if submit:
             pending, _ = ray.get(rt.queue.counts.remote())
             target = cfg.backlog * (1 + pool.serving)
             if pending < target:
                 ray.get(rt.queue.submit.remote(stream.take(target - pending)))
-        elif len(results.completions) >= stream.issued:
-            return
-        time.sleep(cfg.poll_s)
+
+    def done() -> bool:
+        return clock() >= until_s or (not submit and len(results.completions) >= stream.issued)
+
+    pump(rt.queue, done=done, on_completions=results.add, tick=tick, poll_s=cfg.poll_s)
 
 
 def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
@@ -293,7 +298,7 @@ def run_replay(cfg: ReplayConfig) -> dict:
     from roll_spotlight.spot.ledger import CostLedger
     from roll_spotlight.spot.prices import prices_for_trace
     from roll_spotlight.spot.synthetic import synthetic_trace
-    from roll_spotlight.training.config import TaskConfig
+    from roll_spotlight.config.run import TaskConfig
     from roll_spotlight.training.tasks import train_pool
 
     t_start = time.monotonic()
@@ -337,7 +342,8 @@ def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, st
     """Initial fleet up, clock started; submit for ``duration``; drain; stop every worker."""
     import ray
 
-    from roll_spotlight.runtime.spot_pool import ElasticSpotPool, MarketSchedule, RayWorkerLauncher, SpotPoolConfig
+    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
 
     launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,

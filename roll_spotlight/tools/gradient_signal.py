@@ -124,12 +124,12 @@ def measure(cfg, policy, batches: int, *, first_iteration: int = 100_000, progre
 
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
-    from roll_spotlight.training.loop import build_reward_fn
+    from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
     from roll_spotlight.training.tasks import train_pool
 
     trainer = FlowGRPOTrainer(policy, cfg.train)
-    pool, reward = train_pool(cfg.task), build_reward_fn(cfg)
+    pool, reward = train_pool(cfg.task), configured_reward(cfg.reward)
     g, p = cfg.train.group_size, cfg.rollout_batch_size
     grads, rows = [], []
     for b in range(batches):

@@ -1,6 +1,6 @@
 """`spotlight soak`: the live runtime under a spot trace for M wall minutes, repeating the trace.
 
-    trace --tile_trace(laps)--> one long trace --replay machinery (spot.replay)--> live Ray runtime
+    trace --tile_trace(laps)--> one long trace --replay machinery (tools.replay)--> live Ray runtime
                                                        + a sampler of RSS (driver + Ray actors)
 
 A soak is a long `spotlight replay`: the same runtime (one on-demand RolloutWorker, spot workers
@@ -76,7 +76,7 @@ class SoakConfig:
 
     def replay_config(self, drain_timeout_s: float | None = None):
         """The replay machinery's config for this soak (start at the tiled trace's origin)."""
-        from roll_spotlight.spot.replay import ReplayConfig
+        from roll_spotlight.tools.replay import ReplayConfig
 
         return ReplayConfig(speedup=self.speedup, duration_s=self.minutes * 60.0, start_s=0.0,
                             cap_nodes=self.cap_nodes, no_notice=self.no_notice, notice_s=self.notice_s,
@@ -238,10 +238,10 @@ def run_soak(cfg: SoakConfig, trace: Trace | None = None) -> dict:
 
 def _replay(cfg: SoakConfig, trace: Trace) -> dict:
     """Replay's live run and check over an already built trace (replay.run_replay loads its own)."""
-    from roll_spotlight.spot import replay
+    from roll_spotlight.tools import replay
     from roll_spotlight.spot.ledger import CostLedger
     from roll_spotlight.spot.prices import prices_for_trace
-    from roll_spotlight.training.config import TaskConfig
+    from roll_spotlight.config.run import TaskConfig
     from roll_spotlight.training.tasks import train_pool
 
     t_start = time.monotonic()
@@ -299,7 +299,7 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one soak and print its report; 1 if a correctness counter is not 0, 2 on bad input."""
-    from roll_spotlight.spot.replay import failed_checks
+    from roll_spotlight.tools.replay import failed_checks
 
     args = build_parser().parse_args(argv)
     try:

@@ -127,7 +127,7 @@ def explain(metric: str, target: float, per_iter: float, iters: Ratio, sim: Mapp
 
 def time_and_cost_to_target(estimates: Mapping[str, Mapping[str, Any]], sim: Mapping[str, Any]) -> dict:
     """Per simulated baseline: iterations (measured, via ``SETTING_OF_BASELINE``) x per-iteration (simulated)."""
-    from roll_spotlight.benchmarks.convergence import SETTING_OF_BASELINE
+    from roll_spotlight.tools.bench.convergence import SETTING_OF_BASELINE
 
     out = {}
     for name, result in sim["baselines"].items():

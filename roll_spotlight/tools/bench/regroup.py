@@ -46,7 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from roll_spotlight.elastic.model_spec import QwenModelSpec
-from roll_spotlight.elastic.rollout import RolloutRequest, RolloutState, denoise, start_state
+from roll_spotlight.elastic.rollout import RolloutRequest, SPRolloutState, denoise, start_state
 from roll_spotlight.loopback import set_loopback_env
 
 log = logging.getLogger(__name__)
@@ -60,15 +60,15 @@ def _request(spec: QwenModelSpec, num_steps: int = 2) -> RolloutRequest:
                           channels=spec.in_channels, num_steps=num_steps)
 
 
-def _one_step_state(request: RolloutRequest) -> RolloutState:
+def _one_step_state(request: RolloutRequest) -> SPRolloutState:
     """A committed state one step before the end, so resuming runs exactly one step."""
     return replace(start_state(request), step=request.num_steps - 1)
 
 
 def _controller(spec: QwenModelSpec):
-    from roll_spotlight.elastic.controller import ElasticConfig, ElasticController
+    from roll_spotlight.elastic.controller import ControllerConfig, ElasticController
 
-    return ElasticController(ElasticConfig(num_heads=spec.num_attention_heads, preferred_degree=2))
+    return ElasticController(ControllerConfig(num_heads=spec.num_attention_heads, preferred_degree=2))
 
 
 def _worker(spec: QwenModelSpec, gpu: int, **kwargs: Any):

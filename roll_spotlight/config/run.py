@@ -2,7 +2,7 @@
 
 Top-level key names follow ROLL's conventions (`exp_name`, `seed`, `max_steps`, `eval_steps`,
 `save_steps`, `output_dir`, `rollout_batch_size`, `track_with`) so a ROLL user finds them where
-they expect. Each section is a dataclass that validates itself; `roll_spotlight.configuration`
+they expect. Each section is a dataclass that validates itself; `roll_spotlight.config.strict`
 maps YAML onto it strictly (unknown keys and wrong types are errors naming the key).
 
 This module imports no torch.
@@ -73,7 +73,7 @@ class SamplingConfig:
 
     num_steps: int = 10
     noise_level: float = 0.7
-    kind: Literal["sde", "cps"] = "sde"
+    kind: Literal["sde", "cps", "cps_gaussian"] = "sde"
     sde_window: int = 3
     window_range: tuple[int, int] = (0, 5)
     eval_num_steps: int = 10
@@ -91,7 +91,7 @@ class SamplingConfig:
 
 @dataclass
 class GRPOConfig:
-    """Flow-GRPO optimisation knobs (DESIGN.md section 4)."""
+    """Flow-GRPO optimisation knobs (docs/design.md section 4)."""
 
     group_size: int = 8
     learning_rate: float = 3e-5
@@ -153,7 +153,7 @@ class PretrainConfig:
 
 @dataclass
 class ExplorationConfig:
-    """Seed exploration (DESIGN.md section 3).
+    """Seed exploration (docs/design.md section 3).
 
     mode: "off" (vanilla Flow-GRPO: group_size random seeds per prompt); "fresh" (explore the prompts
     of iteration t with the current weights on the critical path, train on the max-variance subset);

@@ -317,15 +317,15 @@ def run_with_timeout(cmd: Sequence[str], timeout_s: float, env: Mapping[str, str
 
 
 def _run_inprocess(cfg: ConvergenceConfig, setting: str, seed: int, out_dir: Path) -> RunRecord:
-    from roll_spotlight.configuration import load_config
-    from roll_spotlight.training.config import RunConfig
-    from roll_spotlight.training.loop import run_training
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.startup import start_run
 
     config, overrides = _config_args(cfg, setting, seed)
     run_dir = out_dir / f"{setting}-seed{seed}"
     _clear_metrics(run_dir)
     t0 = time.monotonic()
-    run_training(load_config(RunConfig, str(config), overrides), run_dir, progress=False)
+    start_run(load_config(RunConfig, str(config), overrides), run_dir, progress=False)
     return _record(setting, seed, run_dir, "finished", time.monotonic() - t0, None)
 
 

@@ -1,0 +1,147 @@
+"""The one start-up path of a run: check, build the starting policy and the backend, run the loop.
+
+`spotlight train` and `spotlight quickstart`, the benchmarks and the tests all start a run through
+`start_run`; the ROLL pipeline builds its own clusters and backend and enters through
+`check_startup` and `run_loop`. Order matters: everything that can fail on user input is checked
+before anything is built or written, and the run directory is created only once the backend is up,
+so a failed start leaves no half-written run behind (a crash after that is what `--resume` is for).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def set_threads(n: int | None) -> None:
+    """torch intra-op threads (None: $SPOTLIGHT_THREADS, else torch's default); 1 avoids
+    oversubscription when other processes share the cores."""
+    n = n if n is not None else int(os.environ.get("SPOTLIGHT_THREADS", "0") or 0)
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where the loop's workers run: in this process (`ray=False`) or on Ray actors.
+
+    `address` joins an existing Ray cluster (None: a local one); `workers` on-demand rollout
+    workers in SP groups of `sp_degree`. A run with spot workers always runs on Ray.
+    """
+
+    ray: bool = False
+    address: str | None = None
+    workers: int = 2
+    sp_degree: int = 1
+
+    def on_ray(self, cfg) -> bool:
+        return self.ray or self.address is not None or cfg.spot.enabled
+
+
+def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
+    """What can fail at start-up, checked before anything is written (no run directory yet).
+
+    The config dataclasses validated keys, types and values; this adds what needs the outside
+    world or the placement: the model directory exists, the reward builds (name known, kwargs
+    accepted, files it names readable), the spot trace parses, the SP degree fits the model.
+    """
+    from roll_spotlight.config import ConfigError
+    from roll_spotlight.rewards.configured import configured_reward
+
+    placement = placement or WorkerPlacement()
+    if cfg.spot.enabled and cfg.spot.trace:
+        from roll_spotlight.spot.traces import load_trace
+
+        load_trace(cfg.spot.trace)
+    if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path: model directory {cfg.model.path!r} does not exist "
+                          f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
+    try:
+        configured_reward(cfg.reward)
+    except (ValueError, TypeError, OSError, ImportError) as err:
+        key = "reward.weights" if cfg.reward.weights else "reward.kwargs"
+        raise ConfigError(f"reward: cannot build reward {cfg.reward.name!r} ({key}={cfg.reward.kwargs!r}): "
+                          f"{type(err).__name__}: {err}") from err
+    if placement.sp_degree != 1:
+        from roll_spotlight.runtime.sp_group import check_sp_degree
+
+        if not placement.on_ray(cfg):
+            raise ValueError(f"--sp-degree {placement.sp_degree}: SP rollout groups need Ray workers (add --ray)")
+        check_sp_degree(cfg.model, placement.sp_degree, key="--sp-degree")
+
+
+def starting_policy(cfg, *, progress: bool = True):
+    """(policy, source): what a run starts from, and what its Ray workers load for it
+    (`roll_spotlight.models.source`): the cached tiny base (pretrained first when missing) and its
+    checkpoint path, or the real model loaded from `model.path` and its model section."""
+    from roll_spotlight.models.source import policy_source
+
+    if cfg.model.preset == "tiny":
+        from roll_spotlight.training.pretrain import load_or_pretrain
+
+        policy, meta = load_or_pretrain(cfg, progress=progress)
+        return policy, meta["path"]
+    from roll_spotlight.models import build_policy
+
+    return build_policy(cfg.model), policy_source(cfg.model, None)
+
+
+def write_run_config(cfg, run_dir: Path) -> None:
+    """The resolved config beside the run (what `--resume` reads back). Owner-only permissions."""
+    from omegaconf import OmegaConf
+
+    from roll_spotlight.config import to_dict
+
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+
+
+def run_loop(cfg, backend, run_dir: Path, *, progress: bool = True, resume: Path | bool = False):
+    """The Coordinator's iterations over `backend`; `resume`: a checkpoint, or True for the newest."""
+    from roll_spotlight.runtime.coordinator import Coordinator
+
+    coordinator = Coordinator(cfg, backend, Path(run_dir), progress=progress)
+    if resume is True:
+        coordinator.resume_latest(Path(run_dir))
+    elif resume:
+        coordinator.resume(Path(resume))
+    return coordinator.run()
+
+
+def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, policy=None, progress: bool = True,
+              resume: Path | bool = False, write_config: bool = True):
+    """Check, build and run; returns the Coordinator's RunResult. `policy` replaces the starting
+    policy (tests pass a random one; in process only)."""
+    placement = placement or WorkerPlacement()
+    run_dir = Path(run_dir)
+    check_startup(cfg, placement)
+    on_ray = placement.on_ray(cfg)
+    if on_ray:  # validated before the base model is built or pretrained
+        from roll_spotlight.runtime.ray_backend import RayClusterConfig
+
+        cluster = RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,
+                                   sp_degree=placement.sp_degree)
+    if policy is None:
+        policy, source = starting_policy(cfg, progress=progress)
+    elif on_ray:
+        raise ValueError("start_run: a given policy runs in process only; Ray workers load a policy source")
+    if on_ray:
+        from roll_spotlight.runtime.ray_backend import RayBackend
+
+        set_threads(1)  # the Ray actors share the cores from here; the driver only coordinates
+        backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
+    else:
+        from roll_spotlight.runtime.local import LocalBackend
+
+        backend = LocalBackend(cfg, policy)
+    try:
+        if write_config:
+            write_run_config(cfg, run_dir)
+        return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
+    finally:
+        backend.close()
