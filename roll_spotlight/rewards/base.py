@@ -37,6 +37,8 @@ _BUILTINS: dict[str, str] = {
     "brightness": "roll_spotlight.rewards.jpeg:MeanBrightness",
     "weighted": "roll_spotlight.rewards.base:WeightedReward",
     "safe": "roll_spotlight.rewards.base:SafeReward",
+    "geneval": "roll_spotlight.rewards.geneval:GenevalReward",
+    "pickscore": "roll_spotlight.rewards.pickscore:PickScoreReward",
 }
 
 
