@@ -271,3 +271,13 @@ def test_registered_as_a_builtin(monkeypatch):
 
     monkeypatch.setattr(plugins, "_entry_points", lambda group: {})
     assert resolve_reward("geneval") is GenevalReward and "geneval" in known_rewards()
+
+
+def test_scipy_is_checked_at_start_up(model_dirs, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "scipy" else real(name, *a))
+    with pytest.raises(ImportError, match=r"roll_spotlight\[geneval\]"):
+        GenevalReward(detector_path=model_dirs["detector"], clip_path=model_dirs["clip"],
+                      metadata_file=model_dirs["metadata"], device="cpu")

@@ -12,10 +12,12 @@
   cropped to its box, classified zero-shot among GenEval's colours with three templates per colour.
 
 Image processors are the PIL ones when torchvision is absent (transformers picks them itself), so
-torchvision is never required; scipy is only used by Mask2Former's training loss, not here.
+torchvision is never required. scipy is: transformers builds Mask2Former's training loss (Hungarian
+matching) in the model's constructor, even for inference; it is checked when the reward is built.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +115,9 @@ class Mask2FormerDetector:
             check_class_names(list(self.labels.values()))
         except ValueError as err:
             raise ValueError(f"{key}={path!r}: {err}; its labels are {sorted(config.get('id2label', {}).values())}") from None
+        if importlib.util.find_spec("scipy") is None:  # transformers' Mask2Former builds its loss, which needs it
+            raise ImportError("the geneval reward needs scipy (transformers' Mask2FormerForUniversalSegmentation "
+                              "requires it to be built): pip install 'roll_spotlight[geneval]'")
         self.path, self.device, self.batch_size, self.top_k = path, device, batch_size, top_k
         self.model = self.processor = None
 
