@@ -79,3 +79,65 @@ def test_table_lists_every_constant():
     rows = CostModel().table()
     assert [r["name"] for r in rows] == list(CONSTANTS)
     assert all(r["source"] for r in rows)
+
+
+# ---- calibration from a benchmarks/gpu_check.py JSON ----------------------------------------------
+def _gpu_check_json(tmp_path, times: dict, tiny: bool = False, text_tokens: int = 128):
+    """A file in gpu_check's schema with chosen medians: {resolution: (guided_step_s, micro_step_s)}."""
+    import json
+
+    data = {"schema": "roll_spotlight.gpu_check/1", "kind": "measured", "device": {"name": "NVIDIA H200"},
+            "config": {"tiny": tiny, "text_tokens": text_tokens},
+            "resolutions": {str(r): {"guided_step": {"median_s": g, "peak_gib": 50.0},
+                                     "train_micro_step": {"median_s": t, "peak_gib": 60.0}}
+                            for r, (g, t) in times.items()}}
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_calibration_reproduces_the_measured_step_times(tmp_path):
+    from roll_spotlight.sim.costmodel import load_calibration
+
+    path = _gpu_check_json(tmp_path, {512: (0.35, 1.4), 1280: (1.9, 7.5)})
+    assert CostModel().calibration == "assumed"
+    for resolution, (guided, micro) in ((512, (0.35, 1.4)), (1280, (1.9, 7.5))):
+        cost = CostModel().with_calibration(path, resolution)
+        assert cost.calibration == str(path)
+        assert cost.sources["rollout_mfu"].startswith(f"measured: {path}")
+        assert cost.step_s(resolution) == pytest.approx(guided)
+        assert cost.train_s(1, resolution, 1) == pytest.approx(cost.trained_steps * micro)
+        assert load_calibration(path, resolution) == {"rollout_mfu": cost.rollout_mfu, "train_mfu": cost.train_mfu}
+        assert cost.sources["warm_regroup_s"] == CONSTANTS["warm_regroup_s"].source  # only the GPU times move
+    # an unmeasured resolution takes the closest measured one; none asked: the largest
+    assert load_calibration(path, 1024) == load_calibration(path, 1280) == load_calibration(path)
+
+
+def test_calibration_uses_the_measurement_s_text_tokens(tmp_path):
+    from roll_spotlight.sim.costmodel import load_calibration
+
+    short = load_calibration(_gpu_check_json(tmp_path, {512: (0.35, 1.4)}, text_tokens=32))
+    default = load_calibration(_gpu_check_json(tmp_path, {512: (0.35, 1.4)}))
+    assert short["rollout_mfu"] < default["rollout_mfu"]  # fewer FLOPs in the same time
+
+
+@pytest.mark.parametrize("change, match", [({"tiny": True}, "written with --tiny"),
+                                           ({"schema": "other"}, "schema must be"),
+                                           ({"times": {512: (1e-4, 1.0)}}, "not the cost model's transformer"),
+                                           ({"times": {}}, "no resolutions measured")])
+def test_bad_calibration_files_are_refused(tmp_path, change, match):
+    import json
+
+    path = _gpu_check_json(tmp_path, change.get("times", {512: (0.35, 1.4)}), tiny=change.get("tiny", False))
+    if "schema" in change:
+        data = json.loads(path.read_text())
+        data["schema"] = change["schema"]
+        path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        CostModel().with_calibration(path, 512)
+
+
+def test_a_tiny_file_loads_when_allowed(tmp_path):
+    path = _gpu_check_json(tmp_path, {32: (0.03, 0.1)}, tiny=True)
+    cost = CostModel().with_calibration(path, 512, allow_tiny=True)
+    assert "tiny model" in cost.sources["train_mfu"] and cost.calibration == str(path)

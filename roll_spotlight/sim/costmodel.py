@@ -15,11 +15,18 @@ calibratable with measured regroup times) and derives phase times from them:
 
 Nothing here is measured at scale: numbers derived from this model are *simulated* and reports must
 say so. Exploration's effect on convergence is not modelled at all (see ``run.time_to_target``).
+
+GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the assumed
+``rollout_mfu`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py`` JSON implies (its
+guided step and training micro-step at that resolution, see :func:`load_calibration`); the model's
+``calibration`` field says which was used: ``"assumed"`` or the file.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
@@ -133,6 +140,7 @@ class CostModel:
     values: Mapping[str, float] = field(default_factory=_defaults)
     sources: Mapping[str, str] = field(default_factory=_default_sources)
     reward: str = "ocr"
+    calibration: str = "assumed"   # or the gpu_check JSON the per-step GPU times come from
 
     def __post_init__(self) -> None:
         missing = sorted(set(CONSTANTS) - set(self.values))
@@ -195,6 +203,14 @@ class CostModel:
             parts = {"process_start_s": model.process_start_s * f, "nccl_init_s": model.nccl_init_s * f,
                      "storage_gb_s": model.storage_gb_s / f}
         return model.with_overrides(parts, source=f"measured: {note} (cold_restart_s={cold})")
+
+    def with_calibration(self, path: str | Path, resolution: int | None = None, *,
+                         allow_tiny: bool = False) -> CostModel:
+        """A copy whose ``rollout_mfu`` and ``train_mfu`` come from a gpu_check JSON (see
+        :func:`load_calibration`), with ``calibration`` naming the file."""
+        measured, note = _calibration(self, path, resolution, allow_tiny)
+        model = self.with_overrides(measured, source=f"measured: {note}")
+        return dataclasses.replace(model, calibration=str(path))
 
     def table(self) -> list[dict[str, Any]]:
         """The constants in force with unit and source, for reports."""
@@ -286,3 +302,67 @@ class CostModel:
     # ---- whole phases (used by tests and the analytic checks) ---------------------------------
     def images_per_iteration(self) -> int:
         return int(self.group_size * self.prompts_per_iteration)
+
+
+# ---- calibration from benchmarks/gpu_check.py ---------------------------------------------------
+CALIBRATION_SCHEMA = "roll_spotlight.gpu_check/1"
+
+
+def load_calibration(path: str | Path, resolution: int | None = None, *, allow_tiny: bool = False,
+                     base: CostModel | None = None) -> dict[str, float]:
+    """The constants a gpu_check JSON replaces: ``{"rollout_mfu": ..., "train_mfu": ...}``.
+
+    The measured times are turned back into the MFU the cost model's FLOP formula needs to reproduce
+    them (with the measurement's own text-token count; ``base``'s other constants, default the
+    assumed ones): a guided step is ``cfg_forwards`` forwards, so
+    ``rollout_mfu = cfg_forwards * forward_flops / (peak * guided_step_s)``; a training micro-step is
+    the cond + negative forward and backward of one image, so
+    ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops / (peak * micro_step_s)``
+    (one GPU: no FSDP communication, no optimizer step). With two or more resolutions measured and
+    none asked for, the one closest to ``resolution`` is used (the largest if None). A ``--tiny``
+    file is refused unless ``allow_tiny`` (its times are not the 20B model's).
+    """
+    return _calibration(base or CostModel(), path, resolution, allow_tiny)[0]
+
+
+def _calibration(base: CostModel, path: str | Path, resolution: int | None,
+                 allow_tiny: bool) -> tuple[dict[str, float], str]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--calibration {path}: cannot read a gpu_check JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("schema") != CALIBRATION_SCHEMA:
+        raise ValueError(f"--calibration {path}: schema must be {CALIBRATION_SCHEMA!r} "
+                         f"(written by benchmarks/gpu_check.py), got {data.get('schema') if isinstance(data, dict) else data!r}")
+    tiny = bool(data.get("config", {}).get("tiny"))
+    if tiny and not allow_tiny:
+        raise ValueError(f"--calibration {path}: written with --tiny (a tiny model's times); run "
+                         "benchmarks/gpu_check.py without --tiny on a GPU")
+    measured = {int(r): v for r, v in data.get("resolutions", {}).items()}
+    if not measured:
+        raise ValueError(f"--calibration {path}: no resolutions measured")
+    res = max(measured) if resolution is None else min(measured, key=lambda r: (abs(r - resolution), -r))
+    entry = measured[res]
+    try:
+        step_s = float(entry["guided_step"]["median_s"])
+        micro_s = float(entry["train_micro_step"]["median_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"--calibration {path}: resolution {res} lacks guided_step/train_micro_step "
+                         f"median_s ({exc})") from exc
+    if not (step_s > 0 and micro_s > 0):
+        raise ValueError(f"--calibration {path}: measured times must be > 0, got {step_s}, {micro_s}")
+    text_tokens = data.get("config", {}).get("text_tokens", base.text_tokens)
+    shaped = base.with_overrides({"text_tokens": text_tokens})
+    peak = shaped.gpu_peak_tflops * 1e12
+    flops = shaped.forward_flops(res)
+    values = {"rollout_mfu": shaped.cfg_forwards * flops / (peak * step_s),
+              "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
+    if not tiny:
+        high = {k: v for k, v in values.items() if v > 1.0}
+        if high:
+            raise ValueError(f"--calibration {path}: the measured times imply {high} > 1 of "
+                             f"gpu_peak_tflops={shaped.gpu_peak_tflops}: not the cost model's transformer")
+    device = data.get("device", {}).get("name", "unknown device")
+    note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s"
+            f"{'; tiny model' if tiny else ''})")
+    return values, note
