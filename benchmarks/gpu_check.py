@@ -231,7 +231,8 @@ def run_gpu_tests(paths: str, timeout: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or "")[-2000:] if isinstance(exc.stdout, str) else ""
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        tail = out[-2000:]
         return {"ran": True, "timed_out": True, "returncode": None, "command": " ".join(cmd[1:]),
                 **parse_pytest_summary(tail), "tail": tail, "elapsed_s": time.perf_counter() - start}
     tail = (proc.stdout + proc.stderr)[-2000:]

@@ -159,3 +159,15 @@ def test_module_imports_no_torch():
     code = ("import sys, roll_spotlight.models.memory_plan as m; m.count_parameters(); "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_command_line_prints_tables_and_fit_errors(tmp_path, tiny_config, capsys):
+    import json
+
+    from roll_spotlight.models.memory_plan import main
+
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config))
+    assert main(["--config", str(tmp_path), "--resolution", "64", "--gpu-memory-gb", "1", "--text-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Memory plan: 64x64, 16 image + 8 text tokens" in out
+    assert "model.gpu_memory_gb=1" in out  # the 2 GiB runtime overhead alone does not fit 1 GiB

@@ -407,3 +407,31 @@ def format_memory_plan(plan: MemoryPlan) -> str:
         marks = {True: "yes", False: "**no**"}
         lines.append(f"| fits {s.gpu_memory_gb:g} GiB | " + " | ".join(marks[plan.fits(r)] for r in ROLES) + " |")
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m roll_spotlight.models.memory_plan [--resolution 1280] [--gpu-memory-gb 80] [--full-finetune]``"""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Memory plan per role for Qwen-Image (GiB).")
+    parser.add_argument("--config", default=None, help="pipeline or transformer directory (default: full Qwen-Image)")
+    parser.add_argument("--resolution", type=int, action="append", default=None, help="repeatable; default 512 and 1280")
+    parser.add_argument("--gpu-memory-gb", type=float, default=None)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--full-finetune", action="store_true")
+    parser.add_argument("--no-cfg", action="store_true")
+    args = parser.parse_args(argv)
+    config = transformer_config_from_dir(args.config) if args.config else None
+    for res in args.resolution or [512, 1280]:
+        plan = memory_plan(config, height=res, width=res, gpu_memory_gb=args.gpu_memory_gb,
+                           micro_batch=args.micro_batch, text_tokens=args.text_tokens, cfg=not args.no_cfg,
+                           lora_rank=None if args.full_finetune else FLOW_GRPO_LORA_RANK)
+        print(format_memory_plan(plan))
+        for error in fit_errors(plan):
+            print(error)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
