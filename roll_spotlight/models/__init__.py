@@ -12,6 +12,7 @@ from typing import Sequence
 import importlib
 
 from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.lora import LoraConfig
 
 _LAZY = {
     "Conditioning": "roll_spotlight.models.base",
@@ -21,18 +22,23 @@ _LAZY = {
     "load_tiny_policy": "roll_spotlight.models.tiny",
     "save_policy": "roll_spotlight.models.tiny",
     "QwenImagePolicy": "roll_spotlight.models.qwen_image",
+    "make_tiny_qwen": "roll_spotlight.models.tiny_qwen",
+    "weight_version_bytes": "roll_spotlight.models.lora",
 }
 
 __all__ = [
     "Conditioning",
     "DiTPolicy",
+    "LoraConfig",
     "ModelConfig",
     "QwenImagePolicy",
     "TinyShapesDiT",
     "WordTokenizer",
     "build_policy",
     "load_tiny_policy",
+    "make_tiny_qwen",
     "save_policy",
+    "weight_version_bytes",
 ]
 
 

@@ -19,7 +19,9 @@ class ModelConfig:
     `preset="tiny"` builds `TinyShapesDiT`: a small random-init `QwenImageTransformer2DModel` on
     pixel-space RGB images of `image_size` plus a learned word-level prompt encoder; the
     architecture knobs below apply to it only. `preset="qwen_image"` loads a diffusers-format
-    pipeline directory from `path` (never downloads); `max_sequence_length` caps its text tokens.
+    pipeline directory from `path` (never downloads); `max_sequence_length` caps its text tokens and
+    `prompt_cache_size` bounds how many prompts' embeddings are kept (on the CPU, least recently
+    used dropped first; a Qwen-Image prompt of T tokens takes T x 3584 x 2 bytes, ~0.2 MB at T = 30).
     `path` is not read by `build_policy` for the tiny preset (a tiny base checkpoint is loaded
     with `load_tiny_policy`).
 
@@ -48,6 +50,7 @@ class ModelConfig:
     prompt_encoder_layers: int = 1
     # real text encoder
     max_sequence_length: int = 512
+    prompt_cache_size: int = 4096   # prompts whose embeddings stay cached (on the CPU); 0: no cache
 
     def __post_init__(self) -> None:
         self.axes_dims_rope = tuple(int(a) for a in self.axes_dims_rope)
@@ -78,6 +81,9 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{key} must be a positive int, got {value!r}")
+        if isinstance(self.prompt_cache_size, bool) or not isinstance(self.prompt_cache_size, int) \
+                or self.prompt_cache_size < 0:
+            raise ValueError(f"model.prompt_cache_size must be an int >= 0 (0: no cache), got {self.prompt_cache_size!r}")
         if self.prompt_encoder_layers < 0:
             raise ValueError(f"model.prompt_encoder_layers must be >= 0, got {self.prompt_encoder_layers!r}")
         if self.max_prompt_tokens < 2:

@@ -8,12 +8,14 @@ dropped system-prompt tokens and the truncation then follow whatever diffusers v
 installed. Latents are packed 2x2 and normalised with the VAE's latents_mean/std exactly as the
 pipeline does before `vae.decode`.
 
-Only the transformer trains. The VAE and text encoder are frozen and stay in eval mode even after
-`policy.train()`.
+Only the transformer trains (all of it, or its LoRA adapters). The VAE and text encoder are
+frozen and stay in eval mode even after `policy.train()`; prompt embeddings (the negative prompt's
+too) are cached per prompt string, so the text encoder runs once per prompt.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -74,6 +76,7 @@ class QwenImagePolicy(DiTPolicy):
         z_dim = vae.config.z_dim
         self.register_buffer("latents_mean", torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1))
         self.register_buffer("latents_std", torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1))
+        self._prompt_cache: OrderedDict[str, Conditioning] = OrderedDict()
 
     @classmethod
     def from_pretrained(cls, cfg: ModelConfig | str | Path, **overrides) -> QwenImagePolicy:
@@ -99,14 +102,31 @@ class QwenImagePolicy(DiTPolicy):
         return self
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> Conditioning:
-        """Text-encoder hidden states (template tokens dropped) and a long mask, as the pipeline builds them."""
+    def encode_text(self, prompts: list[str]) -> Conditioning:
+        """Text-encoder hidden states (template tokens dropped) and a long mask, as the pipeline builds
+        them, one prompt at a time through the prompt cache (see `_encode_one`)."""
+        return Conditioning.cat([self._encode_one(p) for p in prompts]).to(self.device)
+
+    def _encode_one(self, prompt: str) -> Conditioning:
+        """One prompt's conditioning (on the CPU), from the LRU cache of `model.prompt_cache_size`
+        prompts or the text encoder. Encoding each prompt alone makes its embedding independent of
+        its batch mates, so every worker computes the same one; the cache lets the frozen 7B text
+        encoder sit off the GPU once a run's prompts have been seen."""
+        hit = self._prompt_cache.get(prompt)
+        if hit is not None:
+            self._prompt_cache.move_to_end(prompt)
+            return hit
         embeds, mask = self._pipe.encode_prompt(
-            list(prompts), device=self.device, max_sequence_length=self.cfg.max_sequence_length
+            [prompt], device=self.text_encoder.device, max_sequence_length=self.cfg.max_sequence_length
         )
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        return Conditioning(embeds, mask.long())
+        cond = Conditioning(embeds.cpu(), mask.long().cpu())
+        if self.cfg.prompt_cache_size:
+            self._prompt_cache[prompt] = cond
+            while len(self._prompt_cache) > self.cfg.prompt_cache_size:
+                self._prompt_cache.popitem(last=False)
+        return cond
 
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

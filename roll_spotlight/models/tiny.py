@@ -138,7 +138,9 @@ class TinyShapesDiT(DiTPolicy):
         )
         self.to(device=cfg.device, dtype=TORCH_DTYPES[cfg.dtype])
 
-    def encode_prompts(self, prompts: list[str]) -> Conditioning:
+    def encode_text(self, prompts: list[str]) -> Conditioning:
+        """Word ids through the learned prompt encoder (with grad when it trains; never cached, since
+        its weights move). A negative prompt must use task words too (" " or "" is the start token only)."""
         ids, mask = self.tokenizer(prompts)
         embeds, mask = self.prompt_encoder(ids.to(self.device), mask.to(self.device))
         return Conditioning(embeds, mask)

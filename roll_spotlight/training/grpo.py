@@ -20,6 +20,7 @@ torch.distributed is imported only by `AllReduceGradients`, when one is built.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Sequence
@@ -153,7 +154,9 @@ class FlowGRPOTrainer:
         self.sync = sync or GradientSync()
         self.params = trainable_parameters(policy, cfg.trainable)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.reference = self._frozen_copy(policy) if cfg.kl_beta > 0 else None
+        # the KL reference: the policy with its LoRA adapters disabled, else a frozen copy
+        copy_reference = cfg.kl_beta > 0 and getattr(policy, "lora", None) is None
+        self.reference = self._frozen_copy(policy) if copy_reference else None
 
     @staticmethod
     def _frozen_copy(policy):
@@ -161,6 +164,12 @@ class FlowGRPOTrainer:
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
+
+    def _reference(self):
+        """Context giving the KL reference policy (the copy, or this policy with adapters disabled)."""
+        if self.reference is not None:
+            return contextlib.nullcontext(self.reference)
+        return self.policy.adapters_disabled()
 
     def advantages(self, batch: ScoredBatch):
         return group_advantages(torch.as_tensor(batch.rewards, dtype=torch.float32),
@@ -234,10 +243,10 @@ class FlowGRPOTrainer:
         new = recompute_log_probs(lambda x, s: self.policy.velocity(x, s, cond), sub, k,
                                   noise_level=batch.noise_level, kind=batch.kind)
         ref_mean = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_cond = self.reference.encode_prompts(prompts)
-                ref = recompute_log_probs(lambda x, s: self.reference.velocity(x, s, ref_cond), sub, k,
+        if self.cfg.kl_beta > 0:
+            with torch.no_grad(), self._reference() as reference:
+                ref_cond = reference.encode_prompts(prompts)
+                ref = recompute_log_probs(lambda x, s: reference.velocity(x, s, ref_cond), sub, k,
                                           noise_level=batch.noise_level, kind=batch.kind)
             ref_mean = ref.mean
         return policy_loss(new.log_prob, sub.log_probs[:, k], adv[torch.as_tensor(idx)],
