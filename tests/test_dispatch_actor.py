@@ -54,6 +54,56 @@ class LoopWorker:
         return request.request_id
 
 
+@ray.remote(num_cpus=0)
+class BatchWorker:
+    """Lease ``dispatch.pull_batch`` at a time, complete each batch with the next pull."""
+
+    def __init__(self, client: QueueClient) -> None:
+        self.client = client
+
+    def run(self) -> list[int]:
+        done, leases = [], self.client.pull_batch()
+        while leases:
+            verdicts, next_leases = self.client.complete_and_pull([(lease, lease.request.seed) for lease in leases])
+            assert all(verdicts)
+            done += [lease.request.request_id for lease in leases]
+            leases = next_leases
+        return done
+
+    def pull_and_finish_one(self) -> list[int]:
+        """Lease a batch, complete only its first request, return the batch's request ids."""
+        leases = self.client.pull_batch()
+        assert self.client.complete_many([(leases[0], "first")]) == [True]
+        return [lease.request.request_id for lease in leases]
+
+
+def test_batch_workers_complete_every_request_once(ray_cluster):
+    queue = create_queue_actor(QueueConfig(lease_s=60.0, pull_batch=4))
+    ids = ray.get(queue.submit.remote(specs(30)))
+    workers = [BatchWorker.remote(QueueClient(queue, f"w{i}")) for i in range(3)]
+    per_worker = ray.get([w.run.remote() for w in workers])
+
+    assert sorted(rid for done in per_worker for rid in done) == ids
+    stats = ray.get(queue.stats.remote())
+    assert (stats.completed, stats.duplicate_completions, stats.leases_granted) == (30, 0, 30)
+    assert ray.get(queue.counts.remote()) == (0, 0)
+
+
+def test_a_lost_worker_mid_batch_has_the_rest_of_its_batch_requeued(ray_cluster):
+    queue = create_queue_actor(QueueConfig(lease_s=60.0, pull_batch=3))
+    ray.get(queue.submit.remote(specs(5)))
+    doomed = BatchWorker.remote(QueueClient(queue, "spot-0"))
+    batch = ray.get(doomed.pull_and_finish_one.remote())
+    ray.kill(doomed)
+    assert ray.get(queue.worker_lost.remote("spot-0")) == 2
+
+    survivor = QueueClient(queue, "ondemand-0")
+    leases = survivor.pull_batch(10)
+    assert sorted(lease.request.request_id for lease in leases) == sorted(set(range(5)) - {batch[0]})
+    assert survivor.complete_many([(lease, "img") for lease in leases]) == [True] * 4
+    assert ray.get(queue.stats.remote()).completed == 5
+
+
 def test_three_worker_actors_complete_every_request_once(ray_cluster):
     queue = create_queue_actor(QueueConfig(lease_s=60.0))
     ids = ray.get(queue.submit.remote(specs(30)))

@@ -27,8 +27,8 @@ SCHEDULE = Schedule(num_steps=8, noise_level=0.7)
 # Pulls, completions and ticks are the common case; they create the stale leases and resumptions
 # the rarer ops then act on, so they are drawn more often.
 OP_KINDS = (
-    ["pull"] * 4 + ["complete"] * 4 + ["tick"] * 3
-    + ["submit", "replay", "commit", "checkpoint", "release", "lost", "heartbeat", "notice"]
+    ["pull"] * 4 + ["complete"] * 4 + ["tick"] * 3 + ["batch"] * 2
+    + ["submit", "replay", "commit", "checkpoint", "release", "lost", "heartbeat", "notice", "complete_many"]
 )
 # An op is (kind, worker, x, step); x is a count, an index, seconds, as the kind needs.
 OPS = st.tuples(
@@ -60,7 +60,10 @@ class Harness:
         self.submitted += count
 
     def pull(self, name: str, n: int, **kwargs) -> None:
-        for lease in self.queue.pull(name, n, **kwargs):
+        self.took(name, self.queue.pull(name, n, **kwargs))
+
+    def took(self, name: str, leases: list) -> None:
+        for lease in leases:
             resumed_at = None if lease.resume is None else lease.resume.step_index
             if resumed_at is not None:
                 event("resumed")
@@ -74,14 +77,38 @@ class Harness:
                 event("stale lease completion rejected")
 
     def send(self, result) -> bool:
+        return self.judged(result, self.queue.complete(result))
+
+    def judged(self, result, ok: bool) -> bool:
         self.sent.append(result)
-        ok = self.queue.complete(result)
         if ok:
             assert result.request_id not in self.accepted, "completed twice"
             self.accepted[result.request_id] = result.output
         else:
             self.rejected += 1
         return ok
+
+    def batch(self, name: str, x: int, *, pull: bool) -> None:
+        """Complete the first few held leases in one call (``complete_many``), or complete them
+        and lease the next batch in the same call (``complete_and_pull``)."""
+        done, self.held[name] = self.held[name][: x % 4], self.held[name][x % 4:]
+        results = [lease.result((lease.request.request_id, lease.lease_id)) for lease in done]
+        if pull:
+            verdicts, leases = self.queue.complete_and_pull(name, results, 1 + x % 3)
+        else:
+            verdicts, leases = self.queue.complete_many(results), []
+        assert len(verdicts) == len(results)
+        for result, ok in zip(results, verdicts):
+            self.judged(result, ok)
+        self.took(name, leases)
+
+    def tick(self, seconds: int) -> None:
+        """Advance the clock; expiry must return exactly the leases a full scan finds overdue."""
+        self.clock.advance(seconds)
+        overdue = [lease for w in self.queue.lease_holders() for lease in self.queue.leases_of(w)
+                   if lease.deadline < self.clock.now]
+        assert self.queue.expire() == len(overdue)
+        assert all(self.queue.state_of(lease.request.request_id) is not RequestState.LEASED for lease in overdue)
 
     def commit(self, name: str, i: int, at: int, *, keep_lease: bool) -> None:
         if not self.held[name]:
@@ -118,8 +145,9 @@ class Harness:
         elif kind == "heartbeat":
             self.queue.heartbeat(name)
         elif kind == "tick":
-            self.clock.advance(x)
-            self.queue.expire()
+            self.tick(x)
+        elif kind in ("batch", "complete_many"):
+            self.batch(name, x, pull=kind == "batch")
         elif kind == "notice":
             self.queue.notify_preemption(name, self.clock.now + 2 * x)
         else:

@@ -1,13 +1,20 @@
 """Ray shell around :class:`RequestQueue`: one actor holds the queue, workers call it.
 
 No background thread: the actor is a plain sequential Ray actor (one call at a time, so the queue
-needs no lock) and runs ``expire`` at the start of every call, with the real monotonic clock of
-the actor's process. An idle queue therefore expires nothing until the next call, which is
-harmless: nobody can pull an expired request before some call runs the expiry.
+needs no lock) and runs ``expire`` at the start of every call (O(log n): a deadline heap), with
+the real monotonic clock of the actor's process. An idle queue therefore expires nothing until
+the next call, which is harmless: nobody can pull an expired request before some call runs the
+expiry.
 
 Times that cross process boundaries are *relative* (``seconds_left``), because monotonic clocks of
 different processes and nodes are not comparable. The actor asks for ``num_cpus=0``: it does
 almost no work and must not take a CPU slot from a rollout worker.
+
+Throughput: a call's cost is mostly Ray's (the RPC, task bookkeeping, pickling), not the queue's,
+so a puller that wants thousands of requests a second from one actor batches: ``pull_batch``
+leases ``dispatch.pull_batch`` requests in one call and ``complete_and_pull`` reports a batch and
+leases the next in one call (one round trip and one journal record a batch). An async actor was
+tried and was no faster: the work is CPU-bound under one GIL either way.
 """
 from __future__ import annotations
 
@@ -87,10 +94,55 @@ class QueueServer:
         kinds: Collection[RequestKind] | None = None,
     ) -> list[Lease]:
         now = self._tick()
-        refused = self._queue.stats().refused_by_notice if self._journal is not None else 0
-        return self._call("pull", record=lambda leases: bool(leases) or self._queue.stats().refused_by_notice > refused,
+        refused = self._refusals()
+        return self._call("pull", record=lambda leases: bool(leases) or self._refusals() > refused,
                           worker=worker, n=n, now=now, max_lease_s=max_lease_s, est_duration_s=est_duration_s,
                           kinds=None if kinds is None else tuple(kinds))  # an empty pull changes nothing
+
+    def pull_batch(
+        self,
+        worker: str,
+        n: int | None = None,
+        *,
+        max_lease_s: float | None = None,
+        est_duration_s: float | None = None,
+        kinds: Collection[RequestKind] | None = None,
+    ) -> list[Lease]:
+        """``pull`` of up to ``n`` requests, ``QueueConfig.pull_batch`` (``dispatch.pull_batch``)
+        when ``n`` is None. The count is resolved here, so the journal records it explicitly."""
+        return self.pull(worker, self._batch(n), max_lease_s=max_lease_s, est_duration_s=est_duration_s,
+                         kinds=kinds)
+
+    def complete_many(self, results: Iterable[RequestResult]) -> list[bool]:
+        """Several ``complete`` in one call (one journal record); one verdict per result."""
+        now = self._tick()
+        return self._call("complete_many", results=list(results), now=now)
+
+    def complete_and_pull(
+        self,
+        worker: str,
+        results: Iterable[RequestResult],
+        n: int | None = None,
+        *,
+        max_lease_s: float | None = None,
+        est_duration_s: float | None = None,
+        kinds: Collection[RequestKind] | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """A worker's steady state in one round trip and one journal record: complete the results
+        of its last batch, lease the next (``n`` as in ``pull_batch``)."""
+        now = self._tick()
+        results, refused = list(results), self._refusals()
+        return self._call("complete_and_pull",
+                          record=lambda out: bool(results) or bool(out[1]) or self._refusals() > refused,
+                          worker=worker, results=results, n=self._batch(n), now=now, max_lease_s=max_lease_s,
+                          est_duration_s=est_duration_s, kinds=None if kinds is None else tuple(kinds))
+
+    def _batch(self, n: int | None) -> int:
+        return self._queue.config.pull_batch if n is None else n
+
+    def _refusals(self) -> int:
+        """Pulls refused by a notice so far (a refused pull moves that counter, so it is journalled)."""
+        return self._queue.stats().refused_by_notice if self._journal is not None else 0
 
     def heartbeat(self, worker: str) -> int:
         now = self._tick()
@@ -183,15 +235,20 @@ def create_queue_actor(
     name: str | None = None,
     source: RequestSource | None = None,
     journal: JournalConfig | str | Path | None = None,
+    task_events: bool = False,
 ) -> ray.actor.ActorHandle:
     """Start the queue actor; ``name`` makes it findable with ``ray.get_actor(name)``.
+
+    ``task_events`` False (the default) keeps the queue's calls out of Ray's task-event stream
+    (the state API's task list, the timeline): thousands of calls a second at cluster scale, and
+    recording each one was a large share of a call's cost on the actor and its callers.
 
     With a ``journal`` (a JournalConfig or a path on the actor's node) the actor is restarted by
     Ray when its process dies and calls in flight are retried (3 times): the restarted actor rebuilds the
     queue from the journal, so nothing submitted, leased, committed or completed is lost. Without
     one a dead queue stays dead (its state lived only in that process).
     """
-    options: dict = {} if name is None else {"name": name}
+    options: dict = {"enable_task_events": task_events} | ({} if name is None else {"name": name})
     if journal is not None:
         journal = journal if isinstance(journal, JournalConfig) else JournalConfig(str(journal))
         options |= {"max_restarts": -1, "max_task_retries": 3}  # a call that kills it 4 times is an error
@@ -219,8 +276,45 @@ class QueueClient:
         )
         return ray.get(call)
 
+    def pull_batch(
+        self,
+        n: int | None = None,
+        *,
+        max_lease_s: float | None = None,
+        est_duration_s: float | None = None,
+        kinds: Collection[RequestKind] | None = None,
+    ) -> list[Lease]:
+        """Lease up to ``n`` requests in one round trip (the queue's ``dispatch.pull_batch`` when
+        None). Work through them in order, heartbeat between them, and on a notice commit the one
+        in flight, then ``release()`` the rest."""
+        call = self.handle.pull_batch.remote(
+            self.worker, n, max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds
+        )
+        return ray.get(call)
+
     def complete(self, lease: Lease, output: object) -> bool:
         return ray.get(self.handle.complete.remote(lease.result(output)))
+
+    def complete_many(self, done: Iterable[tuple[Lease, object]]) -> list[bool]:
+        """Complete several ``(lease, output)`` pairs in one round trip; one verdict each."""
+        return ray.get(self.handle.complete_many.remote([lease.result(output) for lease, output in done]))
+
+    def complete_and_pull(
+        self,
+        done: Iterable[tuple[Lease, object]],
+        n: int | None = None,
+        *,
+        max_lease_s: float | None = None,
+        est_duration_s: float | None = None,
+        kinds: Collection[RequestKind] | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """Complete ``(lease, output)`` pairs and lease the next batch in one round trip; returns
+        (one verdict per pair, the new leases)."""
+        call = self.handle.complete_and_pull.remote(
+            self.worker, [lease.result(output) for lease, output in done], n,
+            max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds,
+        )
+        return ray.get(call)
 
     def commit(self, state: InFlightState) -> bool:
         return ray.get(self.handle.commit.remote(self.worker, state))

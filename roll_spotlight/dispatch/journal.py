@@ -23,6 +23,9 @@ Known limit: a crash *after* a record is flushed but *before* the reply reaches 
 retried call apply twice. For complete/commit/checkpoint/fail the second one is rejected by the
 lease id (no double counting); a repeated pull leaves one extra lease that expires and is
 requeued; a repeated submit would add the batch twice, which is why submitters should check ids.
+A batch call is one record, so it replays whole or not at all; repeated, ``complete_many`` and
+``complete_and_pull`` answer False for the completions the first attempt already accepted (the
+results are stored once), and the repeated pull's extra batch expires and is requeued.
 
 Trust: the files are pickles written by this process for itself, in a directory the runtime
 chooses; never point ``path`` at a file someone else can write (docs/security.md).

@@ -28,7 +28,12 @@ Invariants (asserted by the property test):
 
 Time is never read implicitly: every method takes ``now`` or asks the injected ``clock``, so tests
 drive it with a :class:`ManualClock`. Expiry runs only when ``expire`` is called (the Ray actor
-calls it on every request).
+calls it on every request, so it costs O(log n) per expired lease: a deadline heap, not a scan).
+
+Batches: ``pull(worker, n)`` leases up to ``n`` requests at once, each its own lease with its own
+id; ``complete_many`` and ``complete_and_pull`` end several in one call. A batch is nothing more
+than several leases of one worker: each ends on its own (complete, commit, fail), and
+``worker_lost`` / ``release`` / expiry return whichever are still held.
 """
 from __future__ import annotations
 
@@ -61,6 +66,10 @@ Clock = Callable[[], float]
 
 
 class RequestState(enum.Enum):
+    # Members are singletons, so identity hashing is exact, and it is C code: Enum's own
+    # __hash__ (Python code) was the largest single cost of the state machine's dict updates.
+    __hash__ = object.__hash__
+
     PENDING = "pending"
     LEASED = "leased"
     DONE = "done"
@@ -83,10 +92,16 @@ class QueueConfig:
     """``lease_s``: a lease not heartbeated for this long is expired and its request requeued.
     ``max_attempts``: a request is leased at most this many times that end in failure (expiry,
     worker loss, reported failure); on that failure it becomes FAILED and is reported instead of
-    retried forever. Commits and voluntary releases are not failures."""
+    retried forever. Commits and voluntary releases are not failures.
+    ``pull_batch`` (the ``dispatch.pull_batch`` key): how many requests one batch pull leases
+    (``pull_batch``, ``complete_and_pull`` on the server) when the caller names no count. 1 keeps
+    one request per round trip; more amortises the queue's per-call cost over the batch, at the
+    price of a worker holding requests it has not started (released on a notice, requeued when
+    it is lost). Every lease of a batch has the same deadline: heartbeat while working through it."""
 
     lease_s: float = 30.0
     max_attempts: int = 3
+    pull_batch: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lease_s) and self.lease_s > 0):
@@ -95,6 +110,9 @@ class QueueConfig:
             raise ValueError(f"QueueConfig.max_attempts must be an int, got {self.max_attempts!r}")
         if self.max_attempts < 1:
             raise ValueError(f"QueueConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if isinstance(self.pull_batch, bool) or not isinstance(self.pull_batch, int) or self.pull_batch < 1:
+            raise ValueError(f"dispatch.pull_batch (QueueConfig.pull_batch) must be an integer >= 1, "
+                             f"got {self.pull_batch!r}")
 
 
 @dataclass
@@ -209,10 +227,54 @@ class _PendingHeaps:
         return None
 
 
+@dataclass
+class _DeadlineHeap:
+    """Live leases by deadline, so that ``expire`` (run on every actor call) costs O(log n) per
+    expired lease instead of a scan of all leases: a heap of (deadline, lease_id, request_id)
+    with lazy deletion. An item counts only while its request still holds that lease; a lease
+    extended by a heartbeat is pushed again, with its new deadline, when its old item surfaces.
+    Items of ended leases are dropped when they surface, or all at once by ``prune``."""
+
+    heap: list[tuple[float, int, int]] = field(default_factory=list)
+    limit: int = 64
+
+    def push(self, entry: _Entry) -> None:
+        lease = entry.lease
+        heapq.heappush(self.heap, (lease.deadline, lease.lease_id, entry.request.request_id))
+
+    def overdue(self, now: float, entries: dict[int, _Entry]) -> list[_Entry]:
+        """Entries whose current lease's deadline is before ``now``, by (deadline, lease id)."""
+        heap, found = self.heap, {}
+        while heap and heap[0][0] < now:
+            _, lease_id, request_id = heapq.heappop(heap)
+            entry = entries.get(request_id)
+            lease = None if entry is None else entry.lease
+            if lease is None or lease.lease_id != lease_id:
+                continue  # that lease ended
+            if lease.deadline < now:
+                found[lease_id] = entry
+            else:  # extended since it was pushed
+                heapq.heappush(heap, (lease.deadline, lease_id, request_id))
+        return sorted(found.values(), key=lambda e: (e.lease.deadline, e.lease.lease_id))
+
+    def prune(self, by_worker: dict[str, set[int]], entries: dict[int, _Entry]) -> None:
+        """Rebuild from the live leases once the heap has grown past twice their number at the
+        last rebuild (so a rebuild, O(live), follows at least as many pushes: amortised O(1))."""
+        if len(self.heap) <= self.limit:
+            return
+        self.heap = [
+            (entries[rid].lease.deadline, entries[rid].lease.lease_id, rid)
+            for held in by_worker.values() for rid in held
+        ]
+        heapq.heapify(self.heap)
+        self.limit = 2 * len(self.heap) + 64
+
+
 class RequestQueue:
     """The dispatch queue (docs/design.md section 4). Workers ``pull`` leases, ``heartbeat`` while
     working, and end each lease with ``complete``, ``commit`` (preempted: hand back the partial
     state), ``fail`` or, for all of a worker's leases at once, ``release`` / ``worker_lost``.
+    ``complete_many`` and ``complete_and_pull`` are the batch forms (one call for a batch).
 
     Pull order: ROLLOUT before EXPLORE (rollouts are on the critical path); within a kind,
     committed partial rollouts first (the front of the queue: they hold a latent and were already
@@ -233,6 +295,7 @@ class RequestQueue:
     def _reset(self) -> None:
         self._entries: dict[int, _Entry] = {}
         self._pending = _PendingHeaps()
+        self._deadlines = _DeadlineHeap()
         self._by_worker: dict[str, set[int]] = {}
         self._notices: dict[str, float] = {}
         self._counts: Counter[tuple[RequestState, RequestKind]] = Counter()
@@ -292,9 +355,13 @@ class RequestQueue:
         """Extend every lease of ``worker`` by its duration from ``now``; returns how many."""
         now = self._now(now)
         for request_id in self._by_worker.get(worker, ()):
-            lease = self._entries[request_id].lease
+            entry = self._entries[request_id]
+            lease = entry.lease
             assert lease is not None and lease.worker == worker
+            earlier = now + lease.duration_s < lease.deadline
             lease.deadline = now + lease.duration_s
+            if earlier:  # a later deadline is found lazily; an earlier one must be pushed now
+                self._deadlines.push(entry)
         return len(self._by_worker.get(worker, ()))
 
     def notify_preemption(self, worker: str, deadline: float) -> None:
@@ -319,6 +386,36 @@ class RequestQueue:
         self._move(entry, _S.DONE)
         self._stats.completed += 1
         return True
+
+    def complete_many(self, results: Iterable[RequestResult], now: float | None = None) -> list[bool]:
+        """``complete`` each result in order (one call for a batch); one verdict per result. An
+        id never issued is a ValueError before any result is applied (all or nothing)."""
+        results = list(results)
+        for result in results:
+            self._issued_entry(result.request_id)
+        now = self._now(now)
+        return [self.complete(result, now) for result in results]
+
+    def complete_and_pull(
+        self,
+        worker: str,
+        results: Iterable[RequestResult],
+        n: int = 1,
+        *,
+        now: float | None = None,
+        max_lease_s: float | None = None,
+        est_duration_s: float | None = None,
+        kinds: Collection[RequestKind] | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """A worker's steady state in one call: ``complete_many(results)``, then ``pull`` up to
+        ``n`` (same arguments and notice rule as ``pull``). Arguments are checked before anything
+        changes, so a call that raises changed nothing."""
+        _validate_pull(n, max_lease_s, kinds)
+        now = self._now(now)
+        accepted = self.complete_many(results, now)
+        leases = self.pull(worker, n, now=now, max_lease_s=max_lease_s,
+                           est_duration_s=est_duration_s, kinds=kinds)
+        return accepted, leases
 
     def commit(self, worker: str, state: InFlightState) -> bool:
         """Preempted: end ``worker``'s lease on ``state.request_id`` and put the request at the
@@ -366,7 +463,7 @@ class RequestQueue:
     def expire(self, now: float | None = None) -> int:
         """Requeue every lease whose deadline has passed (a failed attempt each)."""
         now = self._now(now)
-        overdue = [e for e in self._leased_entries() if e.lease.deadline < now]
+        overdue = self._deadlines.overdue(now, self._entries)
         for entry in overdue:
             logger.debug("lease %d of request %d expired", entry.lease.lease_id, entry.request.request_id)
             self._return_lease(entry, failure=True, error="lease expired")
@@ -508,6 +605,8 @@ class RequestQueue:
         entry.lease = _LiveLease(self._next_lease_id, worker, now + duration, duration)
         self._next_lease_id += 1
         self._by_worker.setdefault(worker, set()).add(entry.request.request_id)
+        self._deadlines.push(entry)
+        self._deadlines.prune(self._by_worker, self._entries)
         self._stats.leases_granted += 1
         self._stats.resumed_from_commit += entry.resume is not None
         return self._lease_view(entry)
@@ -559,9 +658,6 @@ class RequestQueue:
         for request_id in held:
             self._return_lease(self._entries[request_id], failure=failure, error=error)
         return len(held)
-
-    def _leased_entries(self) -> list[_Entry]:
-        return [self._entries[rid] for held in self._by_worker.values() for rid in held]
 
     def _issued_entry(self, request_id: int) -> _Entry | None:
         """The entry, or None for an id issued earlier and since forgotten."""

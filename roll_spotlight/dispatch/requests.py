@@ -17,7 +17,11 @@ STEP_KINDS = frozenset({"sde", "cps", "cps_gaussian", "ode"})
 
 
 class RequestKind(enum.Enum):
-    """ROLLOUT requests are on the critical path of an iteration; EXPLORE requests are not."""
+    """ROLLOUT requests are on the critical path of an iteration; EXPLORE requests are not.
+    Hashed by identity (members are singletons; Enum's own __hash__ is Python code on the
+    queue's hot path)."""
+
+    __hash__ = object.__hash__
 
     ROLLOUT = "rollout"
     EXPLORE = "explore"
