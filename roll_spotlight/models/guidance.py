@@ -8,11 +8,16 @@ With scale w > 1, the guided prediction is diffusers' `QwenImagePipeline` formul
 i.e. the extrapolated direction rescaled per token to the conditional prediction's norm. flow_grpo
 trains on the same guided velocity (its `compute_log_prob`), so the rollout's log-probs and the
 training recompute see one policy. w == 1 is no guidance (one forward).
+
+`check_guidance` imports no torch, so run configs can validate the sampling section with it.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_guidance(scale: float, negative_prompt: str | None) -> float:
@@ -29,6 +34,8 @@ def check_guidance(scale: float, negative_prompt: str | None) -> float:
 
 def true_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
     """Guided prediction from conditional and negative-prompt predictions (B, N, C)."""
+    import torch
+
     comb = uncond + scale * (cond - uncond)
     cond_norm = torch.linalg.vector_norm(cond, dim=-1, keepdim=True)
     comb_norm = torch.linalg.vector_norm(comb, dim=-1, keepdim=True)
