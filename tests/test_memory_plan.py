@@ -151,6 +151,8 @@ def test_bad_settings_name_the_key():
         memory_plan(None, gpu_memory_gb=0)
     with pytest.raises(ValueError, match="model.image_size"):
         memory_plan(None, height=500, width=500)
+    with pytest.raises(ValueError, match="model.image_size must be a multiple of 4"):
+        memory_plan(None, height=30, width=30, vae_scale_factor=2)
     with pytest.raises(ValueError, match="sp_degree=5 must divide num_attention_heads=24"):
         memory_plan(None, sp_degree=5)
 
@@ -171,3 +173,13 @@ def test_command_line_prints_tables_and_fit_errors(tmp_path, tiny_config, capsys
     out = capsys.readouterr().out
     assert "Memory plan: 64x64, 16 image + 8 text tokens" in out
     assert "model.gpu_memory_gb=1" in out  # the 2 GiB runtime overhead alone does not fit 1 GiB
+
+
+def test_pixel_space_tiny_dit_has_no_vae():
+    tiny = {"patch_size": 2, "in_channels": 12, "out_channels": 3, "num_layers": 2, "attention_head_dim": 32,
+            "num_attention_heads": 4, "joint_attention_dim": 64, "axes_dims_rope": [8, 12, 12]}
+    plan = memory_plan(tiny, height=32, width=32, vae_scale_factor=1, vae_params=0, text_tokens=16, lora_rank=None)
+    assert plan.image_tokens == 16 * 16
+    assert plan.bytes["rollout"]["base weights"] == 2 * count_parameters(tiny)
+    working = (16 * 16 + 16) * 10 * 128 * 2  # tokens x INFER_ELEMS_PER_TOKEN x d x bf16: no VAE decode term
+    assert plan.bytes["rollout"]["activations"] == working

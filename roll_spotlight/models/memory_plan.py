@@ -16,7 +16,8 @@ Rows (bytes, shown in GiB = 2**30 bytes; ``gpu_memory_gb`` is read in the same u
   trainable dtype is not fp32. Full fine-tuning in fp32 storage is 16 bytes/param. Rollout roles hold
   only the adapters of the current weight version; the KL reference is the same module with the
   adapters disabled, so it costs nothing.
-- activations, trainer: ``tokens = (H/16)*(W/16)`` image tokens (VAE 8x down, 2x2 patches) ``+``
+- activations, trainer: ``tokens = (H/16)*(W/16)`` image tokens (VAE 8x down, 2x2 patches; the
+  pixel-space tiny DiT has ``vae_scale_factor=1``, no VAE) ``+``
   ``text_tokens``. With gradient checkpointing diffusers saves each block's inputs (image and text
   hidden states, ``tokens*d`` elements per sample per layer), and during the backward one block is
   recomputed with its full activations: :data:`TRAIN_ELEMS_PER_TOKEN` ``*d`` elements per token
@@ -211,6 +212,7 @@ class PlanSettings:
     text_encoder_params: int = QWEN25_VL_7B_PARAMS
     vae_params: int = QWEN_IMAGE_VAE_PARAMS
     vae_base_dim: int = QWEN_IMAGE_VAE_BASE_DIM
+    vae_scale_factor: int = 8       # pixels per latent pixel (1: the pixel-space tiny DiT, no VAE)
     text_encoder_on_gpu: bool = False
     fsdp_shards: int = 1
     sp_degree: int = 1
@@ -222,16 +224,20 @@ class PlanSettings:
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         for key in ("height", "width"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 16 or value % 16:
-                raise ValueError(f"model.image_size ({key}) must be a positive multiple of 16, got {value!r}")
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.image_size ({key}) must be a positive int, got {value!r}")
         for key in ("dtype", "lora_dtype"):
             if getattr(self, key) not in DTYPE_BYTES:
                 raise ValueError(f"memory plan: {key} must be one of {sorted(DTYPE_BYTES)}, got {getattr(self, key)!r}")
         for key in ("micro_batch", "rollout_batch", "explore_batch", "text_tokens", "fsdp_shards", "sp_degree",
-                    "sampling_steps", "text_encoder_params", "vae_params", "vae_base_dim"):
+                    "sampling_steps", "vae_scale_factor"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"memory plan: {key} must be a positive int, got {value!r}")
+        for key in ("text_encoder_params", "vae_params", "vae_base_dim"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"memory plan: {key} must be an int >= 0, got {value!r}")
         if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
             raise ValueError(f"model.gpu_memory_gb must be > 0, got {self.gpu_memory_gb!r}")
         if not self.overhead_gb >= 0:
@@ -282,7 +288,10 @@ def memory_plan(transformer_config: Mapping[str, Any] | None = None, settings: P
     full_ft = s.lora_rank is None
     trainable = n_params if full_ft else lora_parameters(c, s.lora_rank, s.lora_targets)
     lora_input = 0 if full_ft or s.lora_dtype == s.dtype else _lora_input_elems(c, s.lora_targets)
-    down = 8 * c["patch_size"]
+    down = s.vae_scale_factor * c["patch_size"]
+    if s.height % down or s.width % down:
+        raise ValueError(f"model.image_size must be a multiple of {down} (VAE x{s.vae_scale_factor}, "
+                         f"patch {c['patch_size']}), got {s.height}x{s.width}")
     img_tokens = (s.height // down) * (s.width // down)
     w, tw = DTYPE_BYTES[s.dtype], DTYPE_BYTES[s.lora_dtype]
     te = s.text_encoder_params * w if s.text_encoder_on_gpu else 0.0
@@ -316,7 +325,7 @@ def memory_plan(transformer_config: Mapping[str, Any] | None = None, settings: P
     def rollout(batch: int) -> dict[str, float]:
         local = img_tokens // s.sp_degree + s.text_tokens
         working = batch * local * INFER_ELEMS_PER_TOKEN * d * w
-        vae = batch * s.height * s.width * s.vae_base_dim * VAE_DECODE_TENSORS * w
+        vae = batch * s.height * s.width * s.vae_base_dim * VAE_DECODE_TENSORS * w if s.vae_params else 0.0
         negative = working if s.cfg_batched else batch * lat
         return {
             "base weights": n_params * w + s.vae_params * w + te,
