@@ -1,6 +1,18 @@
+"""Shared test set-up: Ray on loopback, and skipping the `roll` and `gpu` tiers where they cannot run.
+
+``tests`` is a regular package (tests/__init__.py), so its modules import as ``tests.<name>``. This
+directory is also appended to ``sys.path`` for test modules that import a helper by its bare name
+(``from reward_model_helpers import ...``); appended, so it shadows nothing.
+"""
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.append(_HERE)
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_roll_pipeline import _run_like_the_reference, local_ray, workdir  # noqa: F401 (fixtures)
+from tests.test_roll_pipeline import _run_like_the_reference, local_ray, workdir  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.roll, pytest.mark.ray, pytest.mark.slow]
 
@@ -19,8 +19,8 @@ def _digest_pipeline_cls(seen: dict):
     class Digests(SpotlightPipeline):
         def run(self):
             result = super().run()
-            seen["world_size"] = self.trainer.world_size
-            seen["digests"] = self.trainer.weights_digest()
+            seen["world_size"] = self.actor_train.world_size
+            seen["digests"] = self.actor_train.weights_digest()
             return result
 
     return Digests
@@ -28,7 +28,7 @@ def _digest_pipeline_cls(seen: dict):
 
 def test_two_trainer_ranks_train_like_one(workdir, local_ray):  # noqa: F811 (fixtures)
     seen: dict = {}
-    rows = _run_like_the_reference(workdir, "dp2", _digest_pipeline_cls(seen), "trainer.world_size=2",
+    rows = _run_like_the_reference(workdir, "dp2", _digest_pipeline_cls(seen), "actor_train.world_size=2",
                                    "dispatch.mode=static", "spot.enabled=false", "exploration.mode=off",
                                    "reward_fn.name=brightness", "~reward_fn.kwargs")  # continuous: no zero-std group
     assert seen["world_size"] == 2
