@@ -6,12 +6,17 @@ differences: ``--config_path`` is relative to the working directory (ROLL's scri
 relative to the script file), extra ``key=value`` arguments are Hydra overrides, the patches named
 in the recipe's ``patches`` list are applied before parsing, and the environment is checked first.
 
-Without ROLL installed this exits with status 2 and says how to install it.
+Without ROLL installed this exits with status 2 and says how to install it. ROLL's ``init()`` shells
+out to the ``ray`` command (``ray status``, ``ray start``); when it is not on ``PATH`` (a virtual
+environment used without activating it) the launcher exits with status 2 before starting anything
+and says which ``bin`` directory to put on ``PATH``.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
 
 logger = logging.getLogger(__name__)
@@ -26,6 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_ray_command(path: str | None = None) -> str | None:
+    """None when the ``ray`` executable is on PATH, else a message saying how to fix it."""
+    if shutil.which("ray", path=path) is not None:
+        return None
+    here = os.path.dirname(sys.executable)
+    hint = (f"it is in {here}: run  export PATH={here}:$PATH  (or activate the virtual environment)"
+            if os.path.exists(os.path.join(here, "ray")) else "install Ray (ROLL's requirements_common.txt pins ray 2.48.0)")
+    return ("the 'ray' command is not on PATH; ROLL's init() runs 'ray status' and 'ray start' to start or join "
+            f"the Ray cluster, so the run would stop with 'ray: not found'. {hint}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -35,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         check_environment()
     except EnvironmentProblem as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    if not args.check and (problem := missing_ray_command()):
+        print(problem, file=sys.stderr)
         return 2
     return launch(args.config_path, args.config_name, args.overrides, check_only=args.check)
 
