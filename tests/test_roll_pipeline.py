@@ -13,10 +13,13 @@ pytestmark = pytest.mark.roll
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "configs" / "roll"
-TINY = ["max_steps=2", "eval_steps=0", "rollout_batch_size=2", "train.group_size=4", "pretrain.steps=5",
-        "pretrain.batch_size=8", "+pretrain.warmup_steps=1", "+pretrain.eval_samples=8", "task.train_prompts=64",
-        "task.val_prompts=4", "sampling.num_steps=4", "sampling.sde_window=2", "sampling.window_range=[0,2]",
-        "+sampling.eval_num_steps=4", "rollout.world_size=2"]
+ROLES = ("actor_train", "actor_infer", "reward")
+# `++key=value` sets a key whether or not the recipe has it (`+` fails when it has, a bare key when
+# it has not), so these overrides survive recipe edits.
+TINY = ["max_steps=2", "eval_steps=0", "rollout_batch_size=2", "++train.group_size=4", "++base_pretrain.steps=5",
+        "++base_pretrain.batch_size=8", "++base_pretrain.warmup_steps=1", "++base_pretrain.eval_samples=8",
+        "++task.train_prompts=64", "++task.val_prompts=4", "++sampling.num_steps=4", "++sampling.sde_window=2",
+        "++sampling.window_range=[0,2]", "++sampling.eval_num_steps=4", "++actor_infer.world_size=2"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def test_config_round_trip_through_dacite(workdir):
     assert isinstance(again, SpotlightConfig)
     assert again.sections == cfg.sections and again.to_run_config() == cfg.to_run_config()
     assert again.exploration == cfg.to_run_config().exploration  # the standalone host's section
-    for role in ("trainer", "rollout", "explorer", "reward"):
+    for role in ("actor_train", "actor_infer", "reward"):
         assert getattr(again, role).worker_cls == getattr(cfg, role).worker_cls
         assert getattr(again, role).world_size == getattr(cfg, role).world_size
     assert cfg.sequence_length == 1 and cfg.to_run_config().max_steps == 2
@@ -54,14 +57,27 @@ def test_unknown_spotlight_key_fails_although_dacite_is_lenient(workdir):
 
     with pytest.raises(ConfigError, match="spot.max_wrokers"):
         _tiny_config(workdir, "+spot.max_wrokers=3")
+    with pytest.raises(ConfigError, match="'trainer'.*actor_train"):  # dacite would drop the old role name
+        _tiny_config(workdir, "+trainer.world_size=2")
+
+
+def test_actor_infer_strategy_is_refused_before_rolls_assertion(workdir):
+    """ROLL's BaseConfig asserts actor_infer.strategy_args names vllm/sglang; we say why first."""
+    from roll_spotlight.config.strict import ConfigError
+
+    with pytest.raises(ConfigError, match="actor_infer.strategy_args.*remove strategy_args"):
+        _tiny_config(workdir, "+actor_infer.strategy_args.strategy_name=hf_infer")
+    cfg = _tiny_config(workdir)
+    assert cfg.actor_infer.strategy_args is None
+    assert cfg.actor_train.worker_cls == "roll_spotlight.roll.workers.DiTTrainerWorker"
 
 
 def test_more_trainer_ranks_than_samples_fail_at_parse_time_with_the_fix(workdir):
     from roll_spotlight.config.strict import ConfigError
 
-    with pytest.raises(ConfigError, match=r"trainer.world_size=9 exceeds the 8 samples.*fewer trainer ranks"):
-        _tiny_config(workdir, "trainer.world_size=9")  # rollout_batch_size=2 x group_size=4
-    assert _tiny_config(workdir, "trainer.world_size=8").trainer.world_size == 8
+    with pytest.raises(ConfigError, match=r"actor_train.world_size=9 exceeds the 8 samples.*fewer actor_train ranks"):
+        _tiny_config(workdir, "actor_train.world_size=9")  # rollout_batch_size=2 x group_size=4
+    assert _tiny_config(workdir, "actor_train.world_size=8").actor_train.world_size == 8
 
 
 def test_worker_names_resolve_to_roll_workers(workdir):
@@ -71,23 +87,22 @@ def test_worker_names_resolve_to_roll_workers(workdir):
     from roll_spotlight import plugins
     from roll_spotlight.roll import SpotlightPipeline
 
-    for name in ("dit_trainer", "dit_rollout", "dit_explorer", "dit_reward"):
+    cfg = _tiny_config(workdir)
+    for name in ("dit_trainer", "dit_rollout", "dit_reward", *(getattr(cfg, r).worker_cls for r in ROLES)):
         cls = plugins.resolve("workers", name)
         assert issubclass(cls, Worker) and hasattr(cls.initialize, BIND_WORKER_METHOD_FLAG)
     assert plugins.resolve("pipelines", "spotlight") is SpotlightPipeline
     assert plugins.resolve("pipelines", "roll_spotlight.roll.pipeline.SpotlightPipeline") is SpotlightPipeline
 
 
-def test_pipeline_started_by_another_launcher_recomposes_its_config(workdir, monkeypatch):
-    from hydra.core.global_hydra import GlobalHydra
+def test_pipeline_refuses_a_config_parsed_by_another_launcher(workdir):
+    """ROLL's own start scripts parse a recipe into their config classes (dropping our sections);
+    the pipeline says which launcher to use instead of failing somewhere inside ROLL."""
+    from roll_spotlight.config.strict import ConfigError
+    from roll_spotlight.roll import SpotlightPipeline
 
-    from roll_spotlight.roll.config import SpotlightConfig, coerce
-
-    GlobalHydra.instance().clear()
-    monkeypatch.setattr(sys, "argv", ["start_agentic_pipeline.py", "--config_path", str(RECIPES),
-                                      "--config_name", "tiny_shapes_roll"])
-    cfg = coerce(object())
-    assert isinstance(cfg, SpotlightConfig) and cfg.exp_name == "tiny_shapes_roll"
+    with pytest.raises(ConfigError, match="python -m roll_spotlight.launch"):
+        SpotlightPipeline(object())
 
 
 def test_launcher_check_mode(workdir, capsys):
@@ -97,11 +112,11 @@ def test_launcher_check_mode(workdir, capsys):
     out = capsys.readouterr().out
     assert "tiny_shapes_roll: OK" in out and "warning" not in out
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2",
-                 "rollout.world_size=2"]) == 0
-    assert "elastic.sp_degree=2: rollouts run in SP groups of 2 consecutive rollout ranks" in capsys.readouterr().out
+                 "actor_infer.world_size=2"]) == 0
+    assert "elastic.sp_degree=2: rollouts run in SP groups of 2 consecutive actor_infer ranks" in capsys.readouterr().out
     from roll_spotlight.config.strict import ConfigError
 
-    with pytest.raises(ConfigError, match=r"rollout.world_size=2 must be a multiple of elastic.sp_degree=4"):
+    with pytest.raises(ConfigError, match=r"actor_infer.world_size=2 must be a multiple of elastic.sp_degree=4"):
         _tiny_config(workdir, "elastic.sp_degree=4")
 
 
@@ -117,7 +132,7 @@ def _run_like_the_reference(workdir: Path, name: str, pipeline_cls, *overrides: 
 
     cfg = _tiny_config(workdir, f"exp_name={name}", *overrides)
     pipeline = pipeline_cls(cfg)
-    assert pipeline.rollout.world_size == 2 and pipeline.resource_manager.gpu_per_node == 0
+    assert pipeline.actor_infer.world_size == 2 and pipeline.resource_manager.gpu_per_node == 0
     result = pipeline.run()
     rows = _rows(pipeline.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -133,7 +148,7 @@ def _run_like_the_reference(workdir: Path, name: str, pipeline_cls, *overrides: 
 
 @pytest.fixture
 def local_ray():
-    """A fresh local Ray per run: ROLL names its cluster actors (trainer-0, ...) in one namespace."""
+    """A fresh local Ray per run: ROLL names its cluster actors (actor_train-0, ...) in one namespace."""
     import ray
 
     ray.init(num_cpus=2, resources={"spot_gpu": 2}, include_dashboard=False)

@@ -28,7 +28,7 @@ def _flatten(data, prefix=""):
 
 def test_recipes_exist():
     names = {p.stem for p in RECIPES}
-    assert {"tiny_shapes_roll", "qwen_image_ocr_512", "qwen_image_ocr_512_vanilla",
+    assert {"tiny_shapes_roll", "tiny_shapes_roll_vanilla", "qwen_image_ocr_512", "qwen_image_ocr_512_vanilla",
             "qwen_image_geneval_1280", "qwen_image_geneval_1280_vanilla"} <= names
 
 
@@ -46,7 +46,7 @@ def test_1280_recipes_run_rollouts_in_sp_groups_of_4_that_tile_their_rollout_ran
         assert run_cfg.model.image_size == 1280 and sections.elastic.sp_degree == 4
         assert run_cfg.model.preset == "qwen_image" and run_cfg.model.path
         assert "SP groups of 4" in sections.elastic.rollout_summary()
-        ranks = eval(data["rollout"]["device_mapping"], {"range": range, "list": list})  # ROLL's own syntax
+        ranks = eval(data["actor_infer"]["device_mapping"], {"range": range, "list": list})  # ROLL's own syntax
         assert len(ranks) % 4 == 0 and all(ranks[i] // 8 == ranks[i + 3] // 8 for i in range(0, len(ranks), 4)), \
             "each SP group of consecutive rollout ranks sits on one 8-GPU node"
 
@@ -64,7 +64,7 @@ def test_vanilla_twin_differs_only_in_spotlight_components(path):
     changed = {k for k in spotlight.keys() | vanilla.keys() if spotlight.get(k, object()) != vanilla.get(k, object())}
     outside = {k for k in changed if k != "exp_name" and k.split(".")[0] not in COMPONENT_KEYS}
     assert not outside, f"the vanilla twin also changes {sorted(outside)}"
-    assert {"exploration.mode", "spot.enabled"} <= changed
+    assert "exploration.mode" in changed
     v_sections, _ = validate_recipe(load_yaml(path.parent / f"{path.stem}_vanilla.yaml"))
     assert v_sections.exploration.mode == "off" and not v_sections.spot.enabled
     assert v_sections.dispatch.mode == "static"
@@ -78,7 +78,7 @@ def test_shared_sections_are_the_standalone_hosts_classes():
 
     hints = {f.name: f.type for f in dataclasses.fields(SpotlightSections)}
     for section, cls in (("exploration", "ExplorationConfig"), ("sampling", "SamplingConfig"), ("train", "GRPOConfig"),
-                         ("task", "TaskConfig"), ("pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig")):
+                         ("task", "TaskConfig"), ("base_pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig")):
         assert hints[section] == cls, section
         assert getattr(run, cls).__module__ == "roll_spotlight.config.run"
     assert issubclass(RollSpotConfig, run.SpotConfig) and issubclass(DispatchConfig, QueueConfig)
@@ -95,7 +95,9 @@ def test_shared_sections_are_the_standalone_hosts_classes():
     ({"elastic": {"sp_degree": 3}}, "elastic.sp_degree"),
     ({"dispatch": {"mode": "push"}}, "dispatch.mode"),
     ({"spot": {"node_label": "spot"}}, "spot.node_label"),
-    ({"actor_infer": {"worker_cls": "x"}}, "actor_infer"),
+    ({"actor_infer": {"strategy_args": {"strategy_name": "hf_infer"}}}, "actor_infer.strategy_args"),
+    ({"trainer": {"world_size": 1}}, "'trainer'"),
+    ({"explorer": {"world_size": 1}}, "'explorer'"),
     ({"exploration": {"enabled": True}}, "exploration.enabled"),
     ({"exploration": {"seeds_per_prompt": 4}}, "exploration.seeds_per_prompt"),
     ({"dispatch": {"lease_s": 0}}, "lease_s"),
@@ -112,9 +114,40 @@ def test_bad_recipes_fail_naming_the_key(change, fragment):
 
 def test_missing_role_is_reported():
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
-    del data["explorer"]
-    with pytest.raises(ConfigError, match="explorer"):
+    del data["actor_infer"]
+    with pytest.raises(ConfigError, match="actor_infer"):
         validate_recipe(data)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipes_use_rolls_role_names_and_meaning_of_pretrain(path):
+    """A ROLL user reads a recipe with ROLL's vocabulary: roles actor_train/actor_infer/reward,
+    `pretrain` a model path (or absent: the tiny base is trained from `base_pretrain`), and no
+    dummy keys that exist only to satisfy ROLL (sequence_length, strategy_args)."""
+    data = load_yaml(path)
+    assert {"actor_train", "actor_infer", "reward"} <= data.keys()
+    assert not {"trainer", "rollout", "explorer", "sequence_length"} & data.keys()
+    assert not any("strategy_args" in data[role] for role in ("actor_train", "actor_infer", "reward"))
+    sections, run_cfg = validate_recipe(data)
+    if run_cfg.model.preset == "tiny":
+        assert "pretrain" not in data and isinstance(data["base_pretrain"], dict)
+    else:
+        assert isinstance(data["pretrain"], str) and run_cfg.model.path == data["pretrain"]
+        assert "path" not in data["model"]
+
+
+def test_pretrain_fills_model_path_and_conflicts_are_errors():
+    data = load_yaml(ROOT / "configs/roll/qwen_image_ocr_512.yaml")
+    data["pretrain"] = "/models/a"
+    assert validate_recipe(data)[1].model.path == "/models/a"
+    data["model"] = data["model"] | {"path": "/models/b"}
+    with pytest.raises(ConfigError, match="pretrain.*model.path"):
+        validate_recipe(data)
+    tiny = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
+    with pytest.raises(ConfigError, match="base_pretrain"):
+        validate_recipe(tiny | {"pretrain": {"steps": 5}})   # the old section name
+    with pytest.raises(ConfigError, match="tiny"):
+        validate_recipe(tiny | {"pretrain": "/models/a"})
 
 
 def test_importing_the_adapter_imports_no_roll_torch_or_ray():
@@ -152,8 +185,9 @@ def test_recipe_parses_into_spotlight_config_with_roll(path, tmp_path, monkeypat
     sections, run_cfg = validate_recipe(load_yaml(path))
     assert cfg.sections == sections
     assert cfg.to_run_config() == run_cfg
-    assert [getattr(cfg, r).name for r in ("trainer", "rollout", "explorer", "reward")] == \
-        ["trainer", "rollout", "explorer", "reward"]
+    assert [getattr(cfg, r).name for r in ("actor_train", "actor_infer", "reward")] == \
+        ["actor_train", "actor_infer", "reward"]
+    assert cfg.actor_infer.strategy_args is None  # ROLL asserts vLLM/SGLang when it is set
 
 
 def test_kuberay_manifest_matches_the_recipes_spot_keys():
@@ -169,3 +203,29 @@ def test_kuberay_manifest_matches_the_recipes_spot_keys():
     assert f'\\"{sections.spot.ondemand_resource}\\"' in ondemand["resources"] and int(ondemand["num-gpus"]) > 0
     assert spot["labels"] == f"{key}={value}"
     assert groups["spot-gpu"]["template"]["spec"]["nodeSelector"][key] == value
+
+
+def test_missing_ray_command_is_found_and_explained(tmp_path):
+    from roll_spotlight.launch import missing_ray_command
+
+    message = missing_ray_command(path=str(tmp_path))
+    assert message is not None and "'ray' command is not on PATH" in message and "ray start" in message
+    ray = tmp_path / "ray"
+    ray.write_text("#!/bin/sh\n")
+    ray.chmod(0o755)
+    assert missing_ray_command(path=str(tmp_path)) is None
+
+
+@pytest.mark.roll
+def test_launcher_without_ray_on_path_says_where_it_is(tmp_path):
+    """ROLL's init() shells out to `ray`; a venv used without activating it lacks it on PATH."""
+    import os
+
+    env = dict(os.environ, PATH="/usr/bin:/bin")
+    if any(os.access(os.path.join(d, "ray"), os.X_OK) for d in env["PATH"].split(":")):
+        pytest.skip("a system-wide ray is on PATH")
+    out = subprocess.run([sys.executable, "-m", "roll_spotlight.launch", "--config_path", str(ROOT / "configs/roll"),
+                          "--config_name", "tiny_shapes_roll"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "'ray' command is not on PATH" in out.stderr
+    assert f"export PATH={os.path.dirname(sys.executable)}:$PATH" in out.stderr

@@ -27,7 +27,6 @@ _LAZY = {
     "SpotlightPipeline": "roll_spotlight.roll.pipeline",
     "DiTTrainerWorker": "roll_spotlight.roll.workers",
     "DiTRolloutWorker": "roll_spotlight.roll.workers",
-    "DiTExplorerWorker": "roll_spotlight.roll.workers",
     "DiTRewardWorker": "roll_spotlight.roll.workers",
 }
 

@@ -1,20 +1,25 @@
-"""`SpotlightConfig`: a ROLL ``BaseConfig`` with DiT roles and the typed Spotlight sections.
+"""`SpotlightConfig`: a ROLL ``BaseConfig`` with ROLL's roles and the typed Spotlight sections.
 
 This module imports ROLL at the top; reach it through ``roll_spotlight.roll.SpotlightConfig``.
 
-Fitting ROLL's ``BaseConfig`` (v0.3.0):
+Fitting ROLL's ``BaseConfig`` (v0.3.0), so that a recipe reads like a ROLL recipe:
 
-- Its ``__post_init__`` asserts ``response_length or sequence_length``: token lengths of an LLM
-  rollout. A diffusion rollout has none (its "length" is the number of image tokens, fixed by the
-  resolution), so ``sequence_length`` defaults to the dummy `DUMMY_SEQUENCE_LENGTH`; no code of
-  ours reads it.
-- It asserts that a role named ``actor_infer`` uses vLLM or SGLang, so the DiT rollout role is
-  ``rollout``; the roles are ``trainer``, ``rollout``, ``explorer``, ``reward``.
+- The roles have ROLL's names: ``actor_train`` (the Flow-GRPO trainer), ``actor_infer`` (the DiT
+  rollout), ``reward``; ``pretrain`` is the model path, as in ROLL's ``PPOConfig``. ROLL's
+  ``BaseConfig`` asserts that ``actor_infer.strategy_args``, when set, names vLLM or SGLang; the
+  recipes leave it unset and each role's worker class and strategy default in code
+  (`roll_spotlight.roll.sections.ROLE_DEFAULTS`). Setting it is refused with that explanation
+  before ROLL's bare assertion can fire.
+- ``BaseConfig.__post_init__`` asserts ``response_length or sequence_length``: token lengths of an
+  LLM rollout. A diffusion rollout has none (its "length" is the number of image tokens, fixed by
+  the resolution), so ``sequence_length`` defaults to the dummy `DUMMY_SEQUENCE_LENGTH`; no code of
+  ours reads it and recipes do not show it.
 - ROLL's launchers call dacite without a config: nested dataclasses are not strict and lists do
   not become tuples. The Spotlight sections are therefore declared as mappings for dacite and parsed
-  in ``__post_init__`` by our strict loader into their dataclasses (unknown keys are errors).
+  in ``__post_init__`` by our strict loader into their dataclasses (unknown keys are errors), and
+  `from_mapping` rejects earlier role names before dacite can drop them.
 - ``track_with`` defaults to ``stdout``: ROLL's default, tensorboard, is not installed by ROLL.
-- The trainer is data-parallel over ``trainer.world_size`` ranks (`roll_spotlight.roll.workers`);
+- The trainer is data-parallel over ``actor_train.world_size`` ranks (`roll_spotlight.roll.workers`);
   every rank needs at least one sample of each iteration's batch, so more ranks than
   ``rollout_batch_size * train.group_size`` fail here, at parse time, with the fix in the message.
 """
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -32,10 +36,12 @@ from roll.configs.worker_config import WorkerConfig
 from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.roll.sections import (
     COMPONENT_KEYS,
+    ROLE_DEFAULTS,
     ROLE_NAMES,
     RUN_KEYS,
     SECTION_KEYS,
     SpotlightSections,
+    check_recipe_keys,
     parse_sections,
     run_config,
 )
@@ -43,8 +49,6 @@ from roll_spotlight.config.run import RunConfig
 
 DUMMY_SEQUENCE_LENGTH = 1
 PIPELINE_CLS = "roll_spotlight.roll.pipeline.SpotlightPipeline"
-DEFAULT_WORKERS = {"trainer": "dit_trainer", "rollout": "dit_rollout", "explorer": "dit_explorer",
-                   "reward": "dit_reward"}
 Section = Union[Dict[str, Any], Any]  # a mapping from YAML, the parsed dataclass after __post_init__
 
 
@@ -52,22 +56,24 @@ Section = Union[Dict[str, Any], Any]  # a mapping from YAML, the parsed dataclas
 class SpotlightConfig(BaseConfig):
     """A ROLL pipeline config for Spotlight's Flow-GRPO (roles, DiT sections, Spotlight sections)."""
 
-    pipeline_cls: str = field(default=PIPELINE_CLS, metadata={"help": "read by ROLL's agentic launcher"})
+    pipeline_cls: str = field(default=PIPELINE_CLS, metadata={"help": "pipeline class the launcher starts"})
     sequence_length: Optional[int] = field(
         default=DUMMY_SEQUENCE_LENGTH,
         metadata={"help": "dummy: BaseConfig asserts a token length; a diffusion rollout has none"})
     track_with: str = field(default="stdout", metadata={"help": "ROLL tracker: stdout, tensorboard, wandb, ..."})
     patches: List[str] = field(default_factory=list,
                                metadata={"help": "roll_spotlight.patches applied by the launcher (LEDGER.md)"})
+    pretrain: Optional[str] = field(
+        default=None, metadata={"help": "model path, as in ROLL: a local diffusers directory (fills model.path)"})
 
-    trainer: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "on-demand Flow-GRPO trainer"})
-    rollout: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "on-demand DiT rollout"})
-    explorer: WorkerConfig = field(default_factory=WorkerConfig,
-                                   metadata={"help": "spot exploration workers (elastic pool)"})
+    actor_train: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "Flow-GRPO trainer"})
+    actor_infer: WorkerConfig = field(default_factory=WorkerConfig,
+                                      metadata={"help": "on-demand DiT rollout (no strategy_args: ROLL asserts vLLM)"})
     reward: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "reward scoring workers"})
 
     model: Section = field(default_factory=dict, metadata={"help": "roll_spotlight ModelConfig"})
-    pretrain: Section = field(default_factory=dict, metadata={"help": "PretrainConfig (tiny base model)"})
+    base_pretrain: Section = field(default_factory=dict,
+                                   metadata={"help": "PretrainConfig: how the tiny base is pretrained"})
     task: Section = field(default_factory=dict, metadata={"help": "TaskConfig (prompt source)"})
     sampling: Section = field(default_factory=dict, metadata={"help": "SamplingConfig (rollout schedule)"})
     train: Section = field(default_factory=dict, metadata={"help": "GRPOConfig (Flow-GRPO knobs)"})
@@ -79,7 +85,9 @@ class SpotlightConfig(BaseConfig):
     dispatch: Section = field(default_factory=dict, metadata={"help": "DispatchConfig (request scheduling)"})
 
     def __post_init__(self) -> None:
-        sections = parse_sections({f: getattr(self, f) for f in SECTION_KEYS}, source=self.exp_name)
+        check_recipe_keys({"actor_infer": {"strategy_args": self.actor_infer.strategy_args}}, source=self.exp_name)
+        data = {f: getattr(self, f) for f in SECTION_KEYS} | {"pretrain": self.pretrain}
+        sections = parse_sections(data, source=self.exp_name)
         for name in SECTION_KEYS:
             setattr(self, name, getattr(sections, name))
         super().__post_init__()
@@ -90,22 +98,21 @@ class SpotlightConfig(BaseConfig):
         worker = getattr(self, role)
         worker.name = role
         if worker.worker_cls is None:
-            worker.worker_cls = DEFAULT_WORKERS[role]
-        if role == "explorer":
-            return  # sized by the elastic spot pool, not by world_size
+            worker.worker_cls = ROLE_DEFAULTS[role][0]
         if not isinstance(worker.world_size, int) or worker.world_size < 1:
             raise ConfigError(f"{role}.world_size must be >= 1 (or set {role}.device_mapping), "
                               f"got {worker.world_size!r}")
         sp = self.elastic.sp_degree
-        if role == "rollout" and worker.world_size % sp:
-            raise ConfigError(f"rollout.world_size={worker.world_size} must be a multiple of elastic.sp_degree={sp}: "
-                              "consecutive rollout ranks form SP groups (set rollout.device_mapping)")
+        if role == "actor_infer" and worker.world_size % sp:
+            raise ConfigError(f"actor_infer.world_size={worker.world_size} must be a multiple of "
+                              f"elastic.sp_degree={sp}: consecutive actor_infer ranks form SP groups "
+                              "(set actor_infer.device_mapping)")
         samples = self.rollout_batch_size * self.train.group_size
-        if role == "trainer" and worker.world_size > samples:
-            raise ConfigError(f"trainer.world_size={worker.world_size} exceeds the {samples} samples of an "
+        if role == "actor_train" and worker.world_size > samples:
+            raise ConfigError(f"actor_train.world_size={worker.world_size} exceeds the {samples} samples of an "
                               f"iteration (rollout_batch_size={self.rollout_batch_size} x train.group_size="
                               f"{self.train.group_size}): a data-parallel trainer rank needs at least one; "
-                              "use fewer trainer ranks (device_mapping) or a larger batch")
+                              "use fewer actor_train ranks (device_mapping) or a larger batch")
 
     @property
     def sections(self) -> SpotlightSections:
@@ -122,13 +129,16 @@ class SpotlightConfig(BaseConfig):
 
 
 def from_mapping(data: dict, *, check_types: bool = True) -> SpotlightConfig:
-    """dacite into SpotlightConfig as ROLL's launchers do (non-strict for ROLL's keys).
+    """dacite into SpotlightConfig as ROLL's launchers do (non-strict for ROLL's keys), after
+    rejecting the keys dacite would drop or ROLL would assert on without a reason
+    (`roll_spotlight.roll.sections.check_recipe_keys`).
 
     ``check_types=False`` is needed only when the ``strategy_literal`` patch is not applied and a
     role names one of our strategies in ``strategy_args.strategy_name``.
     """
     import dacite
 
+    check_recipe_keys(data, source=data.get("exp_name"))
     return dacite.from_dict(data_class=SpotlightConfig, data=data,
                             config=dacite.Config(check_types=check_types))
 
@@ -175,35 +185,4 @@ def compose_mapping(config_path: str | None, config_name: str, overrides: list[s
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def coerce(pipeline_config: Any) -> SpotlightConfig:
-    """A SpotlightConfig for a pipeline built by another launcher (ROLL's agentic one).
-
-    That launcher parses the recipe into its own config class, which drops our keys; the recipe is
-    composed again from the same ``--config_path``/``--config_name`` command line.
-    """
-    if isinstance(pipeline_config, SpotlightConfig):
-        return pipeline_config
-    args = _launcher_args(sys.argv)
-    if args is None:
-        raise ConfigError(f"SpotlightPipeline needs a SpotlightConfig, got {type(pipeline_config).__name__}; "
-                          "start it with python -m roll_spotlight.launch --config_path DIR --config_name NAME")
-    from hydra.core.global_hydra import GlobalHydra
-
-    config_path, config_name = args
-    reuse = GlobalHydra.instance().is_initialized()
-    return from_mapping(compose_mapping(None if reuse else config_path, config_name))
-
-
-def _launcher_args(argv: list[str]) -> tuple[str, str] | None:
-    import argparse
-
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config_path")
-    parser.add_argument("--config_name")
-    known, _ = parser.parse_known_args(argv[1:])
-    if not (known.config_path and known.config_name):
-        return None
-    return known.config_path, known.config_name
-
-
-__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "coerce", "DUMMY_SEQUENCE_LENGTH"]
+__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "DUMMY_SEQUENCE_LENGTH"]

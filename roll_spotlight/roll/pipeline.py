@@ -2,11 +2,11 @@
 
 This module imports ROLL; reach it through ``roll_spotlight.roll.SpotlightPipeline``.
 
-Resources. The on-demand roles (trainer, rollout, reward) are ROLL ``Cluster`` s placed by ROLL's
-``ResourceManager``; the spot workers live in the runtime's elastic pool on Ray, beside them, because
+Resources. The on-demand roles (``actor_train``, ``actor_infer``, ``reward``: ROLL's role names)
+are ROLL ``Cluster`` s placed by ROLL's ``ResourceManager``; the spot workers live in the runtime's elastic pool on Ray, beside them, because
 ROLL clusters are created once and never grow, shrink or replace a worker. With ``dispatch.mode:
 pull`` both pull from one request queue; the trainer publishes each weight version to a weight
-store that the rollout ranks and the spot workers fetch from (`roll_spotlight.roll.loop`). The two never compete for a
+store that the actor_infer ranks and the spot workers fetch from (`roll_spotlight.roll.loop`). The two never compete for a
 GPU: spot nodes advertise their GPUs only as the custom resource ``spot.resource`` (``spot_gpu``,
 see deploy/kuberay), so ROLL, which counts Ray's ``GPU`` resource, sees on-demand GPUs only.
 
@@ -25,13 +25,14 @@ from roll.distributed.executor.cluster import Cluster
 from roll.pipeline.base_pipeline import BasePipeline
 
 from roll_spotlight import plugins
-from roll_spotlight.roll.config import SpotlightConfig, coerce
+from roll_spotlight.config.strict import ConfigError
+from roll_spotlight.roll.config import SpotlightConfig
 from roll_spotlight.roll.environment import check_environment
 from roll_spotlight.roll.sections import SPOT_RESOURCE
 
 logger = logging.getLogger(__name__)
 
-STATIC_ROLES = ("trainer", "rollout", "reward")
+STATIC_ROLES = ("actor_train", "actor_infer", "reward")
 
 
 class SpotlightPipeline(BasePipeline):
@@ -40,7 +41,11 @@ class SpotlightPipeline(BasePipeline):
     def __init__(self, pipeline_config) -> None:
         from roll_spotlight.weights import WeightStore
 
-        cfg: SpotlightConfig = coerce(pipeline_config)
+        if not isinstance(pipeline_config, SpotlightConfig):
+            raise ConfigError(f"SpotlightPipeline needs a SpotlightConfig, got {type(pipeline_config).__name__}: "
+                              "start it with python -m roll_spotlight.launch --config_path DIR --config_name NAME "
+                              "(ROLL's own start scripts parse recipes into their own config classes)")
+        cfg = pipeline_config
         check_environment()
         plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
         if summary := cfg.elastic.rollout_summary():
@@ -50,7 +55,7 @@ class SpotlightPipeline(BasePipeline):
         self.run_config = cfg.to_run_config()
         self.run_dir = Path(cfg.output_dir) / cfg.exp_name
         self.clusters = {role: self.make_cluster(role) for role in STATIC_ROLES}
-        self.trainer, self.rollout, self.reward = (self.clusters[r] for r in STATIC_ROLES)
+        self.actor_train, self.actor_infer, self.reward = (self.clusters[r] for r in STATIC_ROLES)
         self.base_path = self.prepare_base_policy()
         self.store = WeightStore.create(keep=2)  # version t for exploration while t+1 trains
         for cluster in self.clusters.values():
@@ -59,7 +64,7 @@ class SpotlightPipeline(BasePipeline):
         self.dispatch = self.make_dispatch()
 
     def form_sp_groups(self):
-        """With ``elastic.sp_degree`` > 1, the rollout ranks join SP groups of consecutive ranks
+        """With ``elastic.sp_degree`` > 1, the actor_infer ranks join SP groups of consecutive ranks
         (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
         from roll_spotlight.runtime.sp_group import group_memberships, open_rendezvous
 
@@ -68,9 +73,9 @@ class SpotlightPipeline(BasePipeline):
             return None
         host = open_rendezvous(all_local=sum(1 for node in ray.nodes() if node["Alive"]) == 1)
         timeout = self.pipeline_config.elastic.group_timeout_s
-        memberships = [m for first in range(0, self.rollout.world_size, sp)
-                       for m in group_memberships(host.address, f"rollout-{first}", sp, timeout)]
-        self.rollout.join_sp_group(memberships, blocking=True)
+        memberships = [m for first in range(0, self.actor_infer.world_size, sp)
+                       for m in group_memberships(host.address, f"actor_infer-{first}", sp, timeout)]
+        self.actor_infer.join_sp_group(memberships, blocking=True)
         return host
 
     def plan_resources(self, cfg: SpotlightConfig) -> tuple[int, int]:
@@ -90,16 +95,16 @@ class SpotlightPipeline(BasePipeline):
                        worker_config=worker_config)
 
     def make_dispatch(self):
-        """``dispatch.mode``: the rollout ranks' static shares, or the shared queue (+ spot pool)."""
+        """``dispatch.mode``: the actor_infer ranks' static shares, or the shared queue (+ spot pool)."""
         from roll_spotlight.roll.loop import PullDispatch, StaticDispatch
 
         cfg = self.pipeline_config
         if cfg.dispatch.mode == "static":
-            return StaticDispatch(self.rollout, cfg.elastic.sp_degree)
+            return StaticDispatch(self.actor_infer, cfg.elastic.sp_degree)
         from roll_spotlight.dispatch.actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
-        return PullDispatch(self.rollout, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
+        return PullDispatch(self.actor_infer, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
 
     def make_spot_pool(self, queue):
         """The elastic pool of spot workers pulling from `queue` (runtime.spot_pool), started now.
@@ -115,7 +120,7 @@ class SpotlightPipeline(BasePipeline):
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
-        ondemand = sum(getattr(cfg, role).world_size for role in ("trainer", "rollout"))
+        ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
         source = policy_source(self.run_config.model, self.base_path)
         return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
                                    sp_degree=cfg.elastic.sp_degree, sp_timeout_s=cfg.elastic.group_timeout_s)

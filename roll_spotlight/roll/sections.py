@@ -3,19 +3,27 @@
 A ROLL recipe for Spotlight has three kinds of keys:
 
 - ROLL's own top-level keys (``exp_name``, ``seed``, ``max_steps``, ``num_gpus_per_node``, ...),
-  read by ROLL's ``BaseConfig``;
-- the DiT roles ``trainer``, ``rollout``, ``explorer``, ``reward`` (ROLL ``WorkerConfig`` s);
-- the sections of our run config (``model``, ``pretrain``, ``task``, ``sampling``, ``train``,
-  ``exploration``: `roll_spotlight.config.run`'s classes, so every key means what it means in
-  the standalone ``spotlight train`` YAML; only the reward section is called ``reward_fn``, because
-  ``reward`` is ROLL's role) plus the Spotlight sections below (``spot``, ``elastic``,
-  ``dispatch``), which extend the standalone ``spot`` section and the queue's ``QueueConfig`` with
-  ROLL-only keys.
+  read by ROLL's ``BaseConfig``, with ROLL's meaning: ``pretrain`` is the model path (the local
+  diffusers directory of a real model; it fills ``model.path``);
+- ROLL's roles, under ROLL's names: ``actor_train`` (the Flow-GRPO trainer), ``actor_infer`` (the
+  DiT rollout), ``reward`` (reward scoring), each a ROLL ``WorkerConfig``. ``actor_infer`` takes no
+  ``strategy_args``: ROLL's ``BaseConfig`` asserts that a set ``actor_infer.strategy_args`` names
+  vLLM or SGLang, so the DiT rollout strategy is chosen in code (`ROLE_DEFAULTS`). The spot
+  workers are not a ROLL role: they live in the runtime's elastic pool (ROLL clusters never grow);
+- the sections of our run config (``model``, ``task``, ``sampling``, ``train``, ``exploration``:
+  `roll_spotlight.config.run`'s classes, so every key means what it means in the standalone
+  ``spotlight train`` YAML). Two are renamed where ROLL already uses the name: the tiny base's
+  pretraining section is ``base_pretrain`` (``pretrain`` is ROLL's model path) and the reward
+  section is ``reward_fn`` (``reward`` is ROLL's role). The Spotlight sections below (``spot``,
+  ``elastic``, ``dispatch``) extend the standalone ``spot`` section and the queue's
+  ``QueueConfig`` with ROLL-only keys.
 
 The sections are parsed by our strict loader (`roll_spotlight.config.strict.from_dict`), never by
 dacite: ROLL's dacite call drops unknown keys silently, so a typo such as ``spot.max_wrokers`` would
-quietly run another experiment. `SpotlightConfig` (which needs ROLL) stores them as these dataclasses;
-`validate_recipe` checks the same sections of a recipe file when ROLL is not installed.
+quietly run another experiment. For the same reason `check_recipe_keys` rejects the role and
+section names of earlier recipes (``trainer``, ``rollout``, ``explorer``, a ``pretrain`` mapping)
+instead of letting dacite drop them. `SpotlightConfig` (which needs ROLL) stores the sections as
+these dataclasses; `validate_recipe` checks the same of a recipe file when ROLL is not installed.
 
 The component switches (``exploration.mode``, ``spot.enabled``, ``elastic.enabled``,
 ``dispatch.mode``) are the only keys a vanilla twin of a recipe changes.
@@ -43,7 +51,17 @@ from roll_spotlight.config.run import SpotConfig as RunSpotConfig
 
 SPOT_RESOURCE = "spot_gpu"  # what the runtime's spot workers ask Ray for (runtime.spot_pool)
 
-ROLE_NAMES = ("trainer", "rollout", "explorer", "reward")
+ROLE_NAMES = ("actor_train", "actor_infer", "reward")
+# What each role runs when the recipe does not say: (worker class, strategy in roll_spotlight.strategies)
+ROLE_DEFAULTS = {
+    "actor_train": ("roll_spotlight.roll.workers.DiTTrainerWorker", "diffusers_train"),
+    "actor_infer": ("roll_spotlight.roll.workers.DiTRolloutWorker", "diffusers_rollout"),
+    "reward": ("roll_spotlight.roll.workers.DiTRewardWorker", None),
+}
+# Names of earlier recipes -> what a recipe says now (dacite would drop them without a word)
+RENAMED = {"trainer": "actor_train", "rollout": "actor_infer",
+           "explorer": "nothing: spot workers come from the `spot` section's elastic pool, not a ROLL role"}
+ROLL_INFER_STRATEGIES = ("vllm", "sglang")  # what ROLL's BaseConfig asserts for actor_infer.strategy_args
 COMPONENT_KEYS = ("exploration", "spot", "elastic", "dispatch")
 ROLL_TRACKERS_WE_MIRROR = {"tensorboard": "tensorboard"}  # any other ROLL tracker: we write jsonl
 
@@ -101,7 +119,7 @@ class ElasticConfig:
 
     ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
     Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
-    (`roll_spotlight.runtime.sp_group`), so ``rollout``'s world size must be a multiple of it,
+    (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it,
     and each spot node runs one group. It is also the elastic controller's ``preferred_degree``;
     ``pg_timeout_s`` is the elastic controller's key. ``group_timeout_s`` is how long a rollout SP
     group's collectives wait for a member (long enough for a member to load a new weight version
@@ -125,7 +143,7 @@ class ElasticConfig:
         if self.sp_degree == 1:
             return None
         return (f"elastic.sp_degree={self.sp_degree}: rollouts run in SP groups of {self.sp_degree} "
-                f"consecutive rollout ranks, and each spot node runs one group of {self.sp_degree} workers")
+                f"consecutive actor_infer ranks, and each spot node runs one group of {self.sp_degree} workers")
 
     def controller_config(self, num_heads: int):
         """The elastic controller's config (elastic.controller.ControllerConfig) for a model."""
@@ -161,7 +179,7 @@ class SpotlightSections:
     """Every section of a recipe that Spotlight owns, validated together."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    base_pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     train: GRPOConfig = field(default_factory=GRPOConfig)
@@ -186,9 +204,47 @@ RUN_KEYS = ("exp_name", "seed", "output_dir", "max_steps", "eval_steps", "save_s
 
 
 def parse_sections(data: Mapping[str, Any], *, source: str | None = None) -> SpotlightSections:
-    """Strictly parse the Spotlight sections of a recipe mapping (other keys are ignored here)."""
+    """Strictly parse the Spotlight sections of a recipe mapping (other keys are ignored here).
+
+    ROLL's top-level ``pretrain`` (the model path) fills ``model.path`` when that is not set.
+    """
     values = {key: to_plain(data[key]) for key in SECTION_KEYS if key in data}
+    values["model"] = _model_with_pretrain(values.get("model"), data.get("pretrain"), source)
+    if values["model"] is None:
+        del values["model"]
     return from_dict(SpotlightSections, values, source=source)
+
+
+def _model_with_pretrain(model: Any, pretrain: Any, source: str | None) -> Any:
+    where = f" in {source}" if source else ""
+    if pretrain is None:
+        return model
+    if not isinstance(pretrain, str) or not pretrain:
+        raise ConfigError(f"pretrain{where} is ROLL's model path (a directory), got {pretrain!r}; "
+                          "the tiny base's pretraining section is called base_pretrain")
+    model = dict(model or {})
+    if model.get("preset", "tiny") == "tiny":
+        raise ConfigError(f"pretrain={pretrain!r}{where} names a model directory, but model.preset is 'tiny', "
+                          "which trains its own base (base_pretrain); drop pretrain or set model.preset: qwen_image")
+    if model.get("path") not in (None, pretrain):
+        raise ConfigError(f"pretrain={pretrain!r} and model.path={model['path']!r}{where} name different models; "
+                          "set one (pretrain, as in ROLL)")
+    model["path"] = pretrain
+    return model
+
+
+def check_recipe_keys(data: Mapping[str, Any], *, source: str | None = None) -> None:
+    """Reject what ROLL's dacite would drop or assert on without saying why: earlier role names,
+    ``strategy_args`` on ``actor_infer``. Runs on the plain recipe, before dacite."""
+    where = f" in {source}" if source else ""
+    for old, new in RENAMED.items():
+        if old in data:
+            raise ConfigError(f"role '{old}'{where}: roles take ROLL's names now; '{old}' is {new}")
+    infer = data.get("actor_infer")
+    if isinstance(infer, Mapping) and infer.get("strategy_args") is not None:
+        raise ConfigError(f"actor_infer.strategy_args{where}: ROLL's BaseConfig asserts it names one of "
+                          f"{list(ROLL_INFER_STRATEGIES)} (LLM engines); the DiT rollout picks its strategy "
+                          f"({ROLE_DEFAULTS['actor_infer'][1]}) in code: remove strategy_args from actor_infer")
 
 
 def to_plain(value: Any) -> Any:
@@ -209,21 +265,19 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections) -> RunConfig
     values = {key: top[key] for key in RUN_KEYS if key in top}
     if "track_with" in values:
         values["track_with"] = ROLL_TRACKERS_WE_MIRROR.get(values["track_with"], "jsonl")
-    return RunConfig(**values, model=sections.model, pretrain=sections.pretrain, task=sections.task,
+    return RunConfig(**values, model=sections.model, pretrain=sections.base_pretrain, task=sections.task,
                      reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
                      exploration=sections.exploration, spot=sections.spot.run_config())
 
 
 def validate_recipe(data: Mapping[str, Any], *, source: str | None = None) -> tuple[SpotlightSections, RunConfig]:
-    """What can be checked of a ROLL recipe without ROLL: sections, roles, names, the run config."""
+    """What can be checked of a ROLL recipe without ROLL: roles, names, sections, the run config."""
+    check_recipe_keys(data, source=source)
     sections = parse_sections(data, source=source)
     where = f" in {source}" if source else ""
     for role in ROLE_NAMES:
         if not isinstance(data.get(role), Mapping):
             raise ConfigError(f"role '{role}' is missing{where}; a Spotlight recipe defines {list(ROLE_NAMES)}")
-    if "actor_infer" in data:
-        raise ConfigError(f"'actor_infer'{where}: ROLL asserts it is a vLLM/SGLang role; "
-                          "the DiT rollout role is 'rollout'")
     try:
         cfg = run_config(data, sections)
     except ValueError as exc:

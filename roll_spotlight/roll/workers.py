@@ -1,10 +1,12 @@
 """ROLL workers for the DiT roles. This module imports ROLL; reach it through roll_spotlight.roll.
 
 Each worker is a ROLL ``Worker`` (one Ray actor per rank, created by a ROLL ``Cluster``) whose
-``@register`` methods the cluster proxies. Workers build their own strategy in ``initialize()``
-by a name in the ``roll_spotlight.strategies`` group, read from
-``<role>.strategy_args.strategy_config.strategy`` (default per role) or, when the opt-in
-``strategy_literal`` patch lets ROLL parse it, from ``strategy_args.strategy_name``.
+``@register`` methods the cluster proxies: `DiTTrainerWorker` for the ``actor_train`` role,
+`DiTRolloutWorker` for ``actor_infer``, `DiTRewardWorker` for ``reward``. Workers build their own
+strategy in ``initialize()`` by a name in the ``roll_spotlight.strategies`` group: the role's
+default (recipes need not say), or ``<role>.strategy_args.strategy_config.strategy``, or, when the
+opt-in ``strategy_literal`` patch lets ROLL parse it, ``strategy_args.strategy_name``
+(``actor_infer`` takes no ``strategy_args``: ROLL asserts vLLM/SGLang there).
 
 Dispatch modes: rollouts and rewards are ``ALL_TO_ALL``: the backend hands each rank its own
 contiguous share (`roll_spotlight.roll.loop.split_even`), so a batch need not divide the world
@@ -121,15 +123,6 @@ class DiTRolloutWorker(_DiTWorker):
         from roll_spotlight.dispatch.actor import QueueClient
 
         return self.strategy.drain(QueueClient(queue, self.worker_name or f"{self.cluster_name}-{self.rank}"))
-
-
-class DiTExplorerWorker(DiTRolloutWorker):
-    """Seed exploration with one-iteration-stale weights.
-
-    The same rollout as `DiTRolloutWorker`. The ROLL host's spot explorers are the runtime's pull
-    workers, started by the elastic spot pool (ROLL clusters cannot grow or lose ranks); this class
-    is the ``explorer`` role's ROLL worker for a recipe that runs exploration on a static cluster.
-    """
 
 
 class DiTRewardWorker(Worker):
