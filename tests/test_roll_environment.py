@@ -40,6 +40,36 @@ def test_pyarrow_26_with_numpy_1_is_a_problem(monkeypatch):
     assert not report.ok and "pyarrow<26" in report.problems[0]
 
 
+def test_numpy_2_next_to_roll_is_a_problem_with_the_fix(monkeypatch):
+    """ROLL pins numpy<2; opencv-python 5 (pulled by an unbounded OCR extra) upgrades it."""
+    _fake(monkeypatch, {"roll": "0.3.0", "peft": "0.18.1", "numpy": "2.4.6", "pyarrow": "25.0.1",
+                        "opencv-python": "5.0.0.93"})
+    report = check_environment(raise_on_problem=False)
+    assert len(report.problems) == 1 and "numpy 2.4.6" in report.problems[0]
+    assert "pip install 'numpy<2'" in report.problems[0]
+
+
+def test_opencv_that_needs_numpy_2_is_a_problem_next_to_numpy_1(monkeypatch):
+    versions = {"roll": "0.3.0", "peft": "0.18.1", "numpy": "1.26.4", "pyarrow": "25.0.1"}
+    _fake(monkeypatch, versions | {"opencv-python": "4.12.0.88"})
+    report = check_environment(raise_on_problem=False)
+    assert len(report.problems) == 1 and "opencv-python<4.12" in report.problems[0]
+    _fake(monkeypatch, versions | {"opencv-python": "4.11.0.86"})
+    assert check_environment().ok
+
+
+def test_ocr_and_roll_extras_keep_rolls_numpy_pin():
+    """`pip install '.[roll,ocr]'` beside ROLL must not pull NumPy 2 (issue: opencv-python 5 did)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "setup.py").read_text())
+    extras = next(ast.literal_eval(k.value) for k in ast.walk(tree)
+                  if isinstance(k, ast.keyword) and k.arg == "extras_require")
+    assert any(r.replace(" ", "").startswith("opencv-python") and "<4.12" in r for r in extras["ocr"]), extras["ocr"]
+    assert "numpy<2" in [r.replace(" ", "") for r in extras["roll"]], extras["roll"]
+
+
 def test_missing_roll_gives_install_instructions(monkeypatch):
     _fake(monkeypatch, {"peft": "0.18.1"}, roll=False)
     report = check_environment(raise_on_problem=False)

@@ -8,9 +8,12 @@ import (checked in a ROLL v0.3.0 environment, see ``tests/test_roll_environment.
 breaks ROLL itself with transformers 5. The other choice, disabling diffusers' peft integration,
 would rule out LoRA training of Qwen-Image, which is how it is usually post-trained.
 
-Two more breaks are checked because they fail late and obscurely: PyPI's unrelated ``roll`` package
-standing in for ROLL, and pyarrow >= 26 (needs NumPy 2) next to ROLL's ``numpy<2``, which makes
-``ray.init`` fail. Only importlib metadata is read unless ``import_model`` is set.
+More breaks are checked because they fail late and obscurely: PyPI's unrelated ``roll`` package
+standing in for ROLL; NumPy 2 next to ROLL, whose ``numpy<2`` pin its own ``trl==0.9.6`` and
+TransferQueue rely on (an unbounded ``opencv-python``, pulled by the OCR reward, upgrades NumPy: the
+``ocr`` extra caps it, and a NumPy 1 with opencv-python >= 4.12 cannot import ``cv2``); and pyarrow
+>= 26 (needs NumPy 2) next to ROLL's ``numpy<2``, which makes ``ray.init`` fail. Only importlib
+metadata is read unless ``import_model`` is set.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 
 PEFT_MIN = (0, 18, 1)
+NUMPY_BELOW = (2,)           # ROLL v0.3.0: numpy<2.0a0,>=1.25 (requirements_common.txt)
+OPENCV_BELOW = (4, 12)       # opencv-python 4.12 wants numpy>=2,<2.3; 5.x wants numpy>=2
 ROLL_TESTED = "0.3.0"
 ROLL_TESTED_COMMIT = "7f9d4d3873a87679c8d070085a4bd3bdeea7e589"  # tag v0.3.0
 INSTALL_ROLL = (
@@ -96,6 +101,21 @@ def _check_peft(report: EnvironmentReport) -> None:
             f"pip install 'peft>={need}' (this relaxes ROLL's pin; ROLL's fsdp2 strategy works with it)")
 
 
+def _check_numpy(report: EnvironmentReport) -> None:
+    """ROLL's numpy<2 pin, and an opencv-python that imports with it (the OCR reward's cv2)."""
+    numpy_version, opencv_version = _version("numpy"), _version("opencv-python")
+    if numpy_version and release(numpy_version) >= NUMPY_BELOW:
+        report.problems.append(
+            f"numpy {numpy_version} is installed, but ROLL v{ROLL_TESTED} pins numpy<2 (trl==0.9.6 and "
+            "TransferQueue need it); something upgraded it (often opencv-python 5 via the OCR reward): run "
+            "pip install 'numpy<2' 'opencv-python<4.12', and install roll_spotlight with -c a constraint "
+            "file holding numpy<2 (docs/roll.md)")
+    elif numpy_version and opencv_version and release(opencv_version) >= OPENCV_BELOW:
+        report.problems.append(
+            f"opencv-python {opencv_version} needs NumPy 2 but numpy {numpy_version} is installed (ROLL pins "
+            "numpy<2), so the OCR reward's cv2 does not import: pip install 'opencv-python<4.12'")
+
+
 def _check_pyarrow(report: EnvironmentReport) -> None:
     numpy_version, pyarrow_version = _version("numpy"), _version("pyarrow")
     if numpy_version and pyarrow_version and release(numpy_version) < (2,) and release(pyarrow_version) >= (26,):
@@ -120,6 +140,7 @@ def check_environment(*, import_model: bool = False, raise_on_problem: bool = Tr
     report = EnvironmentReport()
     _check_roll(report)
     _check_peft(report)
+    _check_numpy(report)
     _check_pyarrow(report)
     if import_model:
         _check_model_import(report)
