@@ -13,6 +13,8 @@ ENTRY_POINTS = {
     "roll_spotlight.rewards": [
         "shapes = roll_spotlight.rewards.shapes:ShapesReward",
         "ocr = roll_spotlight.rewards.ocr:OcrReward",
+        "geneval = roll_spotlight.rewards.geneval:GenevalReward",
+        "pickscore = roll_spotlight.rewards.pickscore:PickScoreReward",
         "jpeg_compressibility = roll_spotlight.rewards.jpeg:JpegCompressibility",
         "brightness = roll_spotlight.rewards.jpeg:MeanBrightness",
     ],
@@ -59,6 +61,8 @@ setup(
     ],
     extras_require={
         "ocr": ["rapidocr-onnxruntime>=1.3"],
+        # transformers' Mask2Former builds its training loss even for inference, which needs scipy
+        "geneval": ["scipy>=1.10"],
         "megatron": ["megatron-core>=0.12"],
         "gpu": ["flash-attn>=2.6"],
         # Next to ROLL: diffusers' Qwen-Image model needs peft >= 0.18.1 (ROLL pins 0.12.0).

@@ -147,6 +147,15 @@ def cmd_soak(args) -> int:
     return soak_main(args.rest)
 
 
+def cmd_prompts(args) -> int:
+    """`spotlight prompts ocr --out DIR`: the shipped OCR prompt set, as train.txt and test.txt."""
+    from roll_spotlight.tasks.ocr_prompts import write_ocr_prompts
+
+    train, test = write_ocr_prompts(args.out, args.train, args.test, args.seed)
+    print(json.dumps({"train": str(train), "test": str(test), "n_train": args.train, "n_test": args.test}))
+    return 0
+
+
 def cmd_traces(args) -> int:
     from roll_spotlight.spot import summarize_shipped_traces
 
@@ -212,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_soak)
+    p = sub.add_parser("prompts", help="write a shipped prompt set: `prompts ocr --out DIR`")
+    p.add_argument("kind", choices=["ocr"])
+    p.add_argument("--out", required=True, help="folder for train.txt and test.txt")
+    p.add_argument("--train", type=int, default=20000, help="training prompts")
+    p.add_argument("--test", type=int, default=1000, help="test prompts (targets disjoint from training)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_prompts)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)

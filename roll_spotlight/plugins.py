@@ -52,6 +52,17 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
     },
     "roll_spotlight.schedulers": {
         "pull_queue": "roll_spotlight.dispatch.queue:RequestQueue",
+    "roll_spotlight.rewards": {
+        "shapes": "roll_spotlight.rewards.shapes:ShapesReward",
+        "ocr": "roll_spotlight.rewards.ocr:OcrReward",
+        "geneval": "roll_spotlight.rewards.geneval:GenevalReward",
+        "pickscore": "roll_spotlight.rewards.pickscore:PickScoreReward",
+        "jpeg_compressibility": "roll_spotlight.rewards.jpeg:JpegCompressibility",
+        "brightness": "roll_spotlight.rewards.jpeg:MeanBrightness",
+        "weighted": "roll_spotlight.rewards.base:WeightedReward",
+        "safe": "roll_spotlight.rewards.base:SafeReward",
+        "slow": "roll_spotlight.rewards.slow:SlowReward",
+    },
     },
 })
 _REGISTERED: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
@@ -86,12 +97,7 @@ def unregister(group: str, name: str) -> None:
 
 def builtins(group: str) -> dict[str, str]:
     """Built-in names of `group` -> ``module:attr`` targets."""
-    full = group_name(group)
-    if full == "roll_spotlight.rewards":
-        from roll_spotlight.rewards.base import _BUILTINS as reward_builtins
-
-        return dict(reward_builtins)
-    return dict(BUILTINS.get(full, {}))
+    return dict(BUILTINS.get(group_name(group), {}))
 
 
 @functools.lru_cache(maxsize=None)

@@ -58,6 +58,8 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
         from roll_spotlight.spot.traces import load_trace
 
         load_trace(cfg.spot.trace)
+    if cfg.task.name == "prompts":
+        check_prompt_files(cfg)
     if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path: model directory {cfg.model.path!r} does not exist "
                           f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
@@ -73,6 +75,19 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
         if not placement.on_ray(cfg):
             raise ValueError(f"--sp-degree {placement.sp_degree}: SP rollout groups need Ray workers (add --ray)")
         check_sp_degree(cfg.model, placement.sp_degree, key="--sp-degree")
+
+
+def check_prompt_files(cfg) -> None:
+    """Both prompt files parse (errors name file and line); an OCR reward needs a quoted target
+    in every prompt."""
+    from roll_spotlight.tasks.prompt_files import PromptFileTask
+
+    task = PromptFileTask(cfg.task.train_file, cfg.task.test_file, cfg.task.format)
+    task.train_records(), task.test_records()
+    if cfg.reward.name == "ocr":
+        from roll_spotlight.tasks.ocr_prompts import check_ocr_prompt_file
+
+        check_ocr_prompt_file(cfg.task.train_file), check_ocr_prompt_file(cfg.task.test_file)
 
 
 def starting_policy(cfg, *, progress: bool = True):

@@ -101,6 +101,10 @@ class FaultyBackend:
         names = ([] if self.calls in self.spot_gone else list(SPOT)) + [ONDEMAND]
         return [_Worker(n, RolloutExecutor(policy, commit_every=self.commit_every)) for n in names]
 
+    def rollouts_scored(self, specs) -> tuple[list, object]:
+        outputs = self.rollouts(specs)
+        return outputs, self.local.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+
     def rollouts(self, specs) -> list:
         self.calls += 1
         ids = self.queue.submit(specs)

@@ -115,14 +115,19 @@ def test_metadata_by_prompt_accepts_repeats_rejects_conflicts(tmp_path):
 
 
 def test_prompt_file_task_pool_and_validation(tmp_path):
+    from roll_spotlight.config.run import TaskConfig
+    from roll_spotlight.training.tasks import VAL_SEED_BASE, train_pool, validation_set
+
     train = _jsonl(tmp_path / "train_metadata.jsonl", [COUNTING, POSITION])
     test = _jsonl(tmp_path / "test_metadata.jsonl", [COLOR, COUNTING, POSITION])
-    task = PromptFileTask(str(train), str(test))
-    pool = task.train_pool()
-    assert len(pool) == 2 and pool.tags == ("counting", "position") and pool.metadata[0] == COUNTING
-    val = task.validation_set(seed_base=1000)
-    assert val.texts[0] == COLOR["prompt"] and val.seeds == (1000, 1001, 1002)
+    cfg = TaskConfig(name="prompts", train_file=str(train), test_file=str(test))
+    pool = train_pool(cfg)
+    assert len(pool) == 2 and pool.tags == ("counting", "position") and pool.texts[0] == COUNTING["prompt"]
+    val = validation_set(cfg)
+    assert val.texts[0] == COLOR["prompt"] and val.seeds == (VAL_SEED_BASE, VAL_SEED_BASE + 1, VAL_SEED_BASE + 2)
     assert val.tags == ("color_attr", "counting", "position")
+    capped = validation_set(TaskConfig(name="prompts", train_file=str(train), test_file=str(test), val_prompts=2))
+    assert capped.texts == val.texts[:2]
 
 
 def test_prompt_file_task_config_errors(tmp_path):
@@ -132,4 +137,4 @@ def test_prompt_file_task_config_errors(tmp_path):
         PromptFileTask("a.txt", "b.txt", "yaml")
     task = PromptFileTask(str(tmp_path / "missing.txt"), str(tmp_path / "t.txt"))
     with pytest.raises(ValueError, match="missing.txt: cannot read"):
-        task.train_pool()
+        task.train_records()

@@ -255,16 +255,27 @@ def ray_cluster():
 
 
 def recorded(backend) -> list:
-    """Wrap the backend's rollouts so every output it returns is kept, in order."""
+    """Wrap the backend's rollouts (alone or scored) so every output it returns is kept, in order."""
     outputs: list = []
-    rollouts = backend.rollouts
+    rollouts, rollouts_scored = backend.rollouts, backend.rollouts_scored
+    inside = [0]  # rollouts_scored may call rollouts: count those outputs once
 
     def record(specs):
         out = rollouts(specs)
-        outputs.extend(out)
+        if not inside[0]:
+            outputs.extend(out)
         return out
 
-    backend.rollouts = record
+    def record_scored(specs):
+        inside[0] += 1
+        try:
+            out, scored = rollouts_scored(specs)
+        finally:
+            inside[0] -= 1
+        outputs.extend(out)
+        return out, scored
+
+    backend.rollouts, backend.rollouts_scored = record, record_scored
     return outputs
 
 

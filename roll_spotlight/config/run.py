@@ -32,37 +32,63 @@ def _require_tags(key: str, tags) -> None:
 
 @dataclass
 class TaskConfig:
-    """The prompt source. `shapes` is the embedded GenEval-like tiny task.
+    """The prompt source: `shapes`, the embedded GenEval-like tiny task, or `prompts` from files.
 
-    `layout` is how the renderer places the objects of the scenes the base is pretrained on
-    (`tasks.shapes.render.layout`): "free" anywhere, "slots" in a few canonical slots. The detector
-    and so every reward accept either, whatever the model draws.
+    `shapes`: `train_prompts` generated prompts (seeded by `prompt_seed`, restricted to `tags`),
+    `val_prompts` validation prompts. `layout` is how the renderer places the objects of the scenes
+    the base is pretrained on (`tasks.shapes.render.layout`): "free" anywhere, "slots" in a few
+    canonical slots; the detector and so every reward accept either, whatever the model draws.
+
+    `prompts`: the lines of `train_file` and `test_file`, one prompt per line (`.txt`) or GenEval's
+    metadata (`.jsonl`; `format` overrides the suffix); validation uses the first `val_prompts`
+    prompts of the test file. Files are read and checked at start-up.
     """
 
-    name: Literal["shapes"] = "shapes"
+    name: Literal["shapes", "prompts"] = "shapes"
     train_prompts: int = 2048
     val_prompts: int = 256
     tags: tuple[str, ...] | None = None
     prompt_seed: int = 1234
     layout: Literal["free", "slots"] = "free"
+    train_file: str | None = None
+    test_file: str | None = None
+    format: Literal["txt", "geneval"] | None = None
 
     def __post_init__(self) -> None:
         _require(self.train_prompts >= 1, "task.train_prompts", self.train_prompts, "must be >= 1")
         _require(self.val_prompts >= 1, "task.val_prompts", self.val_prompts, "must be >= 1")
         _require_tags("task.tags", self.tags)
+        if self.name == "prompts":
+            for key in ("train_file", "test_file"):
+                _require(bool(getattr(self, key)), f"task.{key}", getattr(self, key),
+                         "must name a prompt file with task.name=prompts")
+        else:
+            for key in ("train_file", "test_file", "format"):
+                _require(getattr(self, key) is None, f"task.{key}", getattr(self, key),
+                         "applies to task.name=prompts only")
 
 
 @dataclass
 class RewardConfig:
-    """One reward by registry name, or a weighted sum (`weights`: name -> weight)."""
+    """One reward by registry name, or a weighted sum (`weights`: name -> weight).
+
+    On Ray, `world_size` reward actors score batches of `batch_size` images; with `overlap` each
+    batch is sent as soon as its rollouts complete, so a slow reward model scores while the rest of
+    the iteration still rolls out instead of after it.
+    """
 
     name: str = "shapes"
     kwargs: dict = field(default_factory=dict)
     weights: dict | None = None
     fallback: float = 0.0
+    world_size: int = 1
+    batch_size: int = 16
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         _require(bool(self.name) or bool(self.weights), "reward.name", self.name, "must be set")
+        _require(self.world_size >= 1, "reward.world_size", self.world_size, "must be >= 1")
+        _require(self.batch_size >= 1, "reward.batch_size", self.batch_size, "must be >= 1")
         for key, weight in (self.weights or {}).items():
             _require(isinstance(weight, (int, float)), f"reward.weights.{key}", weight, "must be a number")
 
@@ -277,6 +303,18 @@ class RunConfig:
         _require(self.save_steps >= 0, "save_steps", self.save_steps, "must be >= 0 (0 = never)")
         _require(self.rollout_batch_size >= 1, "rollout_batch_size", self.rollout_batch_size, "must be >= 1")
         _require(self.track_with in TRACKERS, "track_with", self.track_with, f"must be one of {TRACKERS}")
+        if self.task.name == "prompts":
+            _require(self.model.preset != "tiny", "task.name", self.task.name,
+                     "needs a real text encoder (model.preset=qwen_image): the tiny model knows only the "
+                     "shapes task's words")
+            self._fill_geneval_metadata()
         if self.exploration.mode != "off":
             _require(self.exploration.seeds_per_prompt >= self.train.group_size, "exploration.seeds_per_prompt",
                      self.exploration.seeds_per_prompt, f"must be >= train.group_size={self.train.group_size}")
+
+    def _fill_geneval_metadata(self) -> None:
+        """A `geneval` reward on GenEval prompt files reads each prompt's metadata from those files
+        unless `reward.kwargs.metadata_file` names others."""
+        geneval = self.task.format == "geneval" or str(self.task.train_file).endswith(".jsonl")
+        if self.reward.name == "geneval" and geneval and "metadata_file" not in self.reward.kwargs:
+            self.reward.kwargs["metadata_file"] = [self.task.train_file, self.task.test_file]

@@ -8,8 +8,8 @@ A reward maps a batch of images and their prompts to one float per image::
     out.info                             # {"strict": (B,), "partial": (B,)}
 
 Names are resolved by the project's one resolver, `roll_spotlight.plugins`, in the group
-`roll_spotlight.rewards`, in order: `register_reward` registrations, the built-ins below (dotted paths,
-so the registry works without `pip install`), entry points of the group (read once, lazily), and
+`roll_spotlight.rewards`, in order: `register_reward` registrations, the built-ins (listed in
+`plugins.BUILTINS`, dotted paths, so the registry works without `pip install`), entry points of the group (read once, lazily), and
 finally a dotted path "pkg.mod:Class" (or "pkg.mod.Class"). An unknown name is a ValueError listing
 the known names.
 """
@@ -30,16 +30,6 @@ from roll_spotlight import plugins
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "roll_spotlight.rewards"
-_BUILTINS: dict[str, str] = {
-    "shapes": "roll_spotlight.rewards.shapes:ShapesReward",
-    "ocr": "roll_spotlight.rewards.ocr:OcrReward",
-    "jpeg_compressibility": "roll_spotlight.rewards.jpeg:JpegCompressibility",
-    "brightness": "roll_spotlight.rewards.jpeg:MeanBrightness",
-    "weighted": "roll_spotlight.rewards.base:WeightedReward",
-    "safe": "roll_spotlight.rewards.base:SafeReward",
-    "geneval": "roll_spotlight.rewards.geneval:GenevalReward",
-    "pickscore": "roll_spotlight.rewards.pickscore:PickScoreReward",
-}
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,8 @@ class PullDispatch:
             self.tick()
             drains = self._keep_draining(drains)
 
-        outputs = collect(self.queue, specs, tick=tick, poll_s=self.poll_s,
-                          on_completion=self.spot.record if self.spot is not None else lambda completion: None)
+        completions = collect(self.queue, specs, tick=tick, poll_s=self.poll_s,
+                              on_completion=self.spot.record if self.spot is not None else lambda completion: None)
         ray.get(drains)
         return outputs
 
@@ -158,6 +158,11 @@ class RollClusterBackend:
         outputs = self.dispatch.run(list(specs))
         self._phase(phase, t0)
         return outputs
+
+    def rollouts_scored(self, specs) -> tuple[list, object]:
+        """Rollouts, then their rewards (no overlap on this backend)."""
+        outputs = self.rollouts(specs)
+        return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
 
     def explore(self, specs: list) -> list:
         """Explore requests carry the stale version; the weight store still holds it."""

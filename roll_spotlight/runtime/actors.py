@@ -95,7 +95,7 @@ class RewardActor:
     dies (os._exit) when its crash_at_batch-th batch arrives, before scoring it.
     """
 
-    KEEP_RESULTS = 8  # recent batch results kept for repeated batch ids
+    KEEP_RESULTS = 256  # recent batch results kept for repeated batch ids (streamed batches are small)
 
     def __init__(self, cfg_data: dict, crash_at_batch: int | None = None):
         from roll_spotlight.config.strict import from_dict

@@ -42,6 +42,7 @@ class Backend(Protocol):
 
     def rollouts(self, specs: list[RequestSpec]) -> list: ...  # RolloutOutput, request-id order
     def score(self, images: np.ndarray, prompts: list[str]): ...  # RewardOutput
+    def rollouts_scored(self, specs: list[RequestSpec]) -> tuple: ...  # (outputs, RewardOutput); may overlap
     def explore(self, specs: list[RequestSpec]) -> list: ...  # like rollouts, under the specs' version
     def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray,
                     rewards: np.ndarray): ...  # one update; publishes weight_version + 1 when done
@@ -127,12 +128,13 @@ class Coordinator:
         stats: dict = {}
         if self._mode() == "fresh":
             specs, outputs, stats["explored_seeds"] = self._explore_fresh(specs, it)
-        else:
+            t_roll = time.monotonic()
+            scored = self.backend.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+        else:  # rewards may be computed while rollouts run: rollout_s then includes them
             specs = self._apply_selection(specs)
-            outputs = self.backend.rollouts(specs)
-        t_roll = time.monotonic()
+            outputs, scored = self.backend.rollouts_scored(specs)
+            t_roll = time.monotonic()
         prompts = [s.prompt for s in specs]
-        scored = self.backend.score(np.stack([o.image for o in outputs]), prompts)
         rewards = np.asarray(scored.rewards, dtype=np.float64)
         stats |= self._rank_check(specs, rewards)
         t_reward = time.monotonic()

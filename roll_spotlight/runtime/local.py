@@ -64,6 +64,11 @@ class LocalBackend:
         assert isinstance(outcome, Finished), "the local worker is never preempted"
         return outcome.output
 
+    def rollouts_scored(self, specs) -> tuple[list, object]:
+        """Rollouts, then their rewards (no overlap on this backend)."""
+        outputs = self.rollouts(specs)
+        return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+
     def explore(self, specs) -> list:
         return self.rollouts(specs, phase="explore")
 

@@ -167,7 +167,9 @@ class RayBackend:
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
             data, path, self.store, self.cluster.trainer_threads_for(cfg.exploration.mode))
-        self.reward = RewardActor.remote(data)
+        self.rewards = [RewardActor.remote(data) for _ in range(cfg.reward.world_size)]
+        self.reward = self.rewards[0]
+        self.reward_cfg = cfg.reward
         self.batch_ids = RewardBatchIds()
         self.weight_version = ray.get(self.trainer.weight_version.remote())
         # the journal creates run_dir: only once the trainer is up, so an earlier failure leaves none
@@ -246,19 +248,51 @@ class RayBackend:
         return self.rollouts(specs)
 
     def rollouts(self, specs) -> list:
+        return [c.output for c in self._collect(specs)]
+
+    def rollouts_scored(self, specs) -> tuple[list, object]:
+        """Rollouts and their rewards. With `reward.overlap` the reward actors score each batch of
+        `reward.batch_size` images as soon as it completes, while the rest still roll out."""
+        from roll_spotlight.runtime.collect import StreamingScorer
+
+        if not self.reward_cfg.overlap:
+            outputs = self.rollouts(specs)
+            return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+        self.batch_ids.collected(specs)
+        scorer = StreamingScorer(self.rewards, self.batch_ids, self.reward_cfg.batch_size)
+        completions = self._collect(specs, lambda c: scorer.add(c.request.request_id, c.request.prompt, c.output.image))
+        t0 = time.time()
+        scored = scorer.result([c.request.request_id for c in completions])
+        self._events.append({"worker": "driver", "phase": "wait_rewards", "start": t0, "end": time.time()})
+        return [c.output for c in completions], scored
+
+    def _collect(self, specs, on_completion=None) -> list:
         from roll_spotlight.runtime.collect import collect
 
         t0 = time.time()
         self.batch_ids.collected(specs)
         spot = self.spot
-        outputs = collect(self.queue, specs, poll_s=self.cluster.poll_s,
-                          tick=spot.poll if spot is not None else lambda: None,
-                          on_completion=spot.record if spot is not None else lambda completion: None)
+
+        def completed(completion) -> None:
+            if spot is not None:
+                spot.record(completion)
+            if on_completion is not None:
+                on_completion(completion)
+
+        completions = collect(self.queue, specs, poll_s=self.cluster.poll_s, on_completion=completed,
+                              tick=spot.poll if spot is not None else lambda: None)
         self._events.append({"worker": "driver", "phase": "wait_rollouts", "start": t0, "end": time.time()})
-        return outputs
+        return completions
 
     def score(self, images: np.ndarray, prompts: list[str]):
-        return ray.get(self.reward.score.remote(images, prompts, batch_id=self.batch_ids.next()))
+        """One batch, split over the reward actors (`reward.world_size`) and gathered in order."""
+        from roll_spotlight.runtime.collect import StreamingScorer
+
+        n = len(prompts)
+        scorer = StreamingScorer(self.rewards, self.batch_ids, max(1, -(-n // len(self.rewards))))
+        for i in range(n):
+            scorer.add(i, prompts[i], images[i])
+        return scorer.result(range(n))
 
     def start_train(self, outputs, prompts, group_ids, rewards):
         return self.trainer.train.remote(outputs, prompts, group_ids, rewards)
@@ -289,7 +323,8 @@ class RayBackend:
         self.weight_version = ray.get(self.trainer.weight_version.remote())
 
     def timeline(self) -> list[dict]:
-        events = list(self._events) + ray.get(self.trainer.timeline.remote()) + ray.get(self.reward.timeline.remote())
+        events = list(self._events) + ray.get(self.trainer.timeline.remote())
+        events += [e for timeline in ray.get([r.timeline.remote() for r in self.rewards]) for e in timeline]
         for worker in self.workers.values():
             events += ray.get(worker.timeline.remote())
         if self.spot is not None:

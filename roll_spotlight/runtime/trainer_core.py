@@ -28,7 +28,9 @@ class TrainerCore:
         self.cfg, self.policy = cfg, policy
         self.trainer = FlowGRPOTrainer(policy, cfg.train)
         self.val = validation_set(cfg.task)
-        self.reward_fn, self.strict_fn = configured_reward(cfg.reward), strict_scorer()
+        self.reward_fn = configured_reward(cfg.reward)
+        # strict accuracy: the shapes task's detector; on prompt files, the reward's own "strict" (if any)
+        self.strict_fn = strict_scorer() if cfg.task.name == "shapes" else None
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None

@@ -57,25 +57,6 @@ class PromptRecord:
     where: str = ""
 
 
-@dataclass(frozen=True)
-class PromptSet:
-    """Training prompts as parallel tuples (the shape of `training.tasks.PromptPool` plus metadata)."""
-
-    texts: tuple[str, ...]
-    tags: tuple[str, ...]
-    metadata: tuple[Mapping[str, Any] | None, ...]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-
-@dataclass(frozen=True)
-class ValidationPrompts(PromptSet):
-    """Fixed (prompt, seed) pairs for paired evaluations; seeds = seed_base + line index."""
-
-    seeds: tuple[int, ...] = ()
-
-
 def prompt_format(path: str | Path, format: str | None = None) -> str:
     """The explicit format if given, else the one of the suffix (.txt, .jsonl)."""
     if format is not None:
@@ -206,17 +187,3 @@ class PromptFileTask:
     def test_records(self) -> list[PromptRecord]:
         return load_prompt_file(self.test_file, self.format)
 
-    def train_pool(self) -> PromptSet:
-        return _as_set(self.train_records())
-
-    def validation_set(self, seed_base: int) -> ValidationPrompts:
-        """The test file in order, sample i with seed seed_base + i (pass training.tasks.VAL_SEED_BASE)."""
-        records = self.test_records()
-        base = _as_set(records)
-        return ValidationPrompts(base.texts, base.tags, base.metadata,
-                                 tuple(seed_base + i for i in range(len(records))))
-
-
-def _as_set(records: Sequence[PromptRecord]) -> PromptSet:
-    return PromptSet(tuple(r.text for r in records), tuple(r.tag for r in records),
-                     tuple(r.metadata for r in records))

@@ -33,12 +33,24 @@ class ValidationSet:
 
 
 def task_vocab(cfg: TaskConfig) -> tuple[str, ...]:
+    """The words of the shapes task (what the tiny model's prompt encoder knows); () for files."""
+    if cfg.name != "shapes":
+        return ()
     from roll_spotlight.tasks.shapes import VOCAB
 
     return tuple(VOCAB)
 
 
+def _file_task(cfg: TaskConfig):
+    from roll_spotlight.tasks.prompt_files import PromptFileTask
+
+    return PromptFileTask(cfg.train_file, cfg.test_file, cfg.format)
+
+
 def train_pool(cfg: TaskConfig) -> PromptPool:
+    if cfg.name == "prompts":
+        records = _file_task(cfg).train_records()
+        return PromptPool(tuple(r.text for r in records), tuple(r.tag for r in records))
     from roll_spotlight.tasks.shapes import make_prompt_set
 
     prompts = make_prompt_set("train", cfg.train_prompts, cfg.prompt_seed, tags=cfg.tags)
@@ -46,11 +58,15 @@ def train_pool(cfg: TaskConfig) -> PromptPool:
 
 
 def validation_set(cfg: TaskConfig) -> ValidationSet:
-    from roll_spotlight.tasks.shapes import make_prompt_set
+    if cfg.name == "prompts":
+        records = _file_task(cfg).test_records()[:cfg.val_prompts]
+        texts, tags = tuple(r.text for r in records), tuple(r.tag for r in records)
+    else:
+        from roll_spotlight.tasks.shapes import make_prompt_set
 
-    prompts = make_prompt_set("val", cfg.val_prompts, cfg.prompt_seed + 1, tags=cfg.tags)
-    seeds = tuple(VAL_SEED_BASE + i for i in range(len(prompts)))
-    return ValidationSet(tuple(p.text for p in prompts), tuple(p.tag for p in prompts), seeds)
+        prompts = make_prompt_set("val", cfg.val_prompts, cfg.prompt_seed + 1, tags=cfg.tags)
+        texts, tags = tuple(p.text for p in prompts), tuple(p.tag for p in prompts)
+    return ValidationSet(texts, tags, tuple(VAL_SEED_BASE + i for i in range(len(texts))))
 
 
 def draw_prompt_ids(pool_size: int, n: int, *, seed: int, iteration: int) -> list[int]:
