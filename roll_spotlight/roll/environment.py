@@ -30,9 +30,10 @@ ROLL_TESTED = "0.3.0"
 ROLL_TESTED_COMMIT = "7f9d4d3873a87679c8d070085a4bd3bdeea7e589"  # tag v0.3.0
 INSTALL_ROLL = (
     "Install ROLL from its repository (it is not on PyPI; the PyPI package 'roll' is unrelated):\n"
+    "  pip install torch==2.13.0   (first and pinned; ROLL's requirements do not name torch)\n"
     "  git clone --branch v0.3.0 https://github.com/alibaba/ROLL.git && cd ROLL\n"
     "  pip install -r requirements_common.txt 'pyarrow<26' && pip install -e .\n"
-    "then reinstall roll_spotlight and run: pip install 'peft>=0.18.1'  (see docs/roll.md)"
+    "then, from the roll_spotlight checkout: pip install -e '.[roll]'  (see docs/roll.md)"
 )
 
 
