@@ -226,13 +226,18 @@ class SpotConfig:
     queue; another worker resumes it, bit for bit. `commit_every` > 0 also checkpoints every k steps,
     bounding what a kill without notice loses. Prices (USD per GPU-hour) default to the trace's GPU
     (`gpu_type` overrides it); `ondemand_usd_per_gpu_hour` / `spot_usd_per_gpu_hour` override the
-    table. `zones` restricts a multi-zone trace; `victims` is the market's rule for count traces.
+    table. `zones` restricts a multi-zone trace. `count_model` says how a count trace (the number of
+    a group's instances alive over time) preempts the pool's nodes: "instances" (each spot node is one
+    of the group's alive instances: a drop of k among n preempts each node with probability k/n,
+    seeded by `seed`; a rise starts replacements) or "capacity" (the count is a capacity: only the
+    nodes above it are preempted, chosen by `victims`, so a pool smaller than the group sees no
+    preemption while the count stays above it).
 
     `source` says where spot nodes come from: "market" (the replay above, on the cluster's
     `spot_gpu` resource) or "cluster" (a real cluster: every Ray node that declares the `spot_gpu`
     resource gets one worker pinned to it, and a preemption drain is the notice; `gpu_type` then
     names the GPUs for the cost ledger, and the market keys `trace`, `compression`, `start_s`,
-    `victims`, `zones` do not apply).
+    `victims`, `count_model`, `zones` do not apply).
     """
 
     enabled: bool = False
@@ -244,6 +249,7 @@ class SpotConfig:
     notice_s: float | None = None
     commit_every: int = 0
     victims: Literal["newest_first", "seeded_random"] = "newest_first"
+    count_model: Literal["instances", "capacity"] = "instances"
     zones: tuple[str, ...] | None = None
     seed: int = 0
     gpu_type: str | None = None
@@ -261,6 +267,8 @@ class SpotConfig:
         _require(self.commit_every >= 0, "spot.commit_every", self.commit_every, "must be >= 0 (0 = only on notice)")
         _require(self.victims in ("newest_first", "seeded_random"), "spot.victims", self.victims,
                  "must be 'newest_first' or 'seeded_random'")
+        _require(self.count_model in ("instances", "capacity"), "spot.count_model", self.count_model,
+                 "must be 'instances' or 'capacity'")
         _require(self.zones is None or len(self.zones) > 0, "spot.zones", self.zones, "must be null (all) or non-empty")
         _require(self.trace is None or bool(self.trace), "spot.trace", self.trace, "must be null or a path")
         _require(self.source in ("market", "cluster"), "spot.source", self.source, "must be 'market' or 'cluster'")

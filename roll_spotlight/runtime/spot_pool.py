@@ -59,10 +59,12 @@ def training_notice_s(spot: SpotConfig, provider: str) -> float:
 def training_market(spot: SpotConfig, trace: Trace | None = None) -> SpotMarket:
     """The run's market: ``trace`` (default ``load_run_trace``) from ``start_s``, to its end,
     ``compression`` times faster, at most ``max_workers`` spot nodes alive (the market's cap:
-    a node preempted frees its slot for the trace's next join)."""
+    a node preempted frees its slot for the trace's next join); count traces preempt the nodes
+    as ``count_model`` says."""
     trace = trace if trace is not None else load_run_trace(spot)
     return SpotMarket(trace, MarketConfig(
-        notice_s=training_notice_s(spot, trace.provider), victims=spot.victims, seed=spot.seed,
+        notice_s=training_notice_s(spot, trace.provider), victims=spot.victims, count_model=spot.count_model,
+        seed=spot.seed,
         compression=spot.compression, start_s=spot.start_s, cap_nodes=spot.max_workers, zones=spot.zones))
 
 

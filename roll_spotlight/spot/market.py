@@ -12,18 +12,30 @@ How a trace becomes node lifetimes (trace seconds), zone by zone, in one chronol
 
 - **Event traces** name their nodes: ``add`` -> NODE_UP, ``remove`` -> NODE_DOWN of that node.
   Ids are ``<zone>/<trace node name>`` (``p3/node17``).
-- **Count traces** give N_z(t). The replay keeps ``alive_z <= N_z(t)``: when N_z drops below the
-  alive count, the surplus nodes are preempted; when N_z rises above it, new nodes join
-  (``<zone>/n<k>``, k counting from 0 per zone). Victims of a drop follow ``MarketConfig.victims``:
-  ``"newest_first"`` (default: the most recently joined nodes go first, i.e. LIFO, which mirrors
-  providers reclaiming the last-granted capacity and keeps long-lived nodes stable) or
-  ``"seeded_random"`` (uniform among the zone's alive nodes, from an RNG seeded by
-  ``(seed, crc32(zone))``, so the pick in one zone does not depend on the other zones). For
-  capacity traces this is the README's rule "preempt whatever runs above the new capacity".
+- **Count traces** give N_z(t), the number of the zone's instances alive; new nodes are named
+  ``<zone>/n<k>``, k counting from 0 per zone. ``MarketConfig.count_model`` says how our nodes
+  relate to those instances:
+
+  - ``"instances"`` (default): each of our nodes is one of the zone's alive instances. A drop from
+    n to n - k reclaims k of the n instances, drawn uniformly without replacement, so each of our
+    m alive nodes in the zone is preempted with probability k/n (jointly hypergeometric: never
+    more than k of ours, and exactly k when we hold all n). A rise of j lets up to j new nodes
+    join (replacements for nodes we lost, or the first fleet), within ``cap_nodes``. The draw
+    comes from an RNG seeded by ``(seed, crc32(zone))``; ``victims`` does not apply. This is how
+    a pool of M nodes inside a group of n > M instances sees the group's preemptions.
+  - ``"capacity"``: N_z is read as a capacity. The replay keeps ``alive_z <= N_z(t)``: when N_z
+    drops below the alive count, the surplus nodes are preempted; when N_z rises above it, new
+    nodes join. Victims of a drop follow ``MarketConfig.victims``: ``"newest_first"`` (default:
+    the most recently joined nodes go first, i.e. LIFO, which mirrors providers reclaiming the
+    last-granted capacity and keeps long-lived nodes stable) or ``"seeded_random"`` (uniform among
+    the zone's alive nodes, from the zone's RNG above, so the pick in one zone does not depend on
+    the other zones). This is the README's rule "preempt whatever runs above the new capacity";
+    with ``cap_nodes`` M it hides every drop while N_z stays above M.
 - **cap_nodes = M** scales to a smaller cluster: the total alive set over all zones is capped at
   M; a join that would exceed M is ignored (an event-trace node ignored at its ``add`` stays
   ignored, so its ``remove`` is ignored too). Adds happen only at trace joins/rises: a slot freed
-  by a preemption is not back-filled until the trace adds a node again.
+  by a preemption is not back-filled until the trace adds a node again. Event traces name their
+  nodes, so ``count_model`` does not apply to them.
 - At one instant departures are processed before arrivals, so the alive set never exceeds M.
 
 Window and clock: the replay window starts at ``t0 = ramp_end + start_s`` (``ramp_end`` = 0, or
@@ -65,6 +77,7 @@ NOTICE_SOURCES = {
     "azure": "Azure docs, 'Scheduled Events': Preempt event >= 30 s ahead",
 }
 VICTIM_RULES = ("newest_first", "seeded_random")
+COUNT_MODELS = ("instances", "capacity")
 
 
 class EventKind(enum.Enum):
@@ -76,7 +89,8 @@ class EventKind(enum.Enum):
 @dataclass(frozen=True)
 class MarketConfig:
     notice_s: float | None = None  # None: the provider's notice (NOTICE_S_BY_PROVIDER)
-    victims: str = "newest_first"
+    victims: str = "newest_first"  # count traces with count_model="capacity" only
+    count_model: str = "instances"  # count traces: our nodes are instances of the group, or capacity
     seed: int = 0
     compression: float = 1.0
     start_s: float = 0.0
@@ -90,6 +104,8 @@ class MarketConfig:
             raise ValueError(f"notice_s={self.notice_s!r} must be >= 0")
         if self.victims not in VICTIM_RULES:
             raise ValueError(f"victims={self.victims!r} is not one of {list(VICTIM_RULES)}")
+        if self.count_model not in COUNT_MODELS:
+            raise ValueError(f"count_model={self.count_model!r} is not one of {list(COUNT_MODELS)}")
         if not (self.compression > 0 and math.isfinite(self.compression)):
             raise ValueError(f"compression={self.compression!r} must be a finite number > 0")
         if not self.start_s >= 0:
@@ -258,6 +274,8 @@ class _Replay:
     def __init__(self, zones: tuple[str, ...], config: MarketConfig) -> None:
         self.cap = config.cap_nodes if config.cap_nodes is not None else math.inf
         self.victims = config.victims
+        self.count_model = config.count_model
+        self.level = {z: 0 for z in zones}  # the count trace's last N_z
         self.rngs = {z: np.random.default_rng([config.seed, zlib.crc32(z.encode())]) for z in zones}
         self.alive: dict[str, list[str]] = {z: [] for z in zones}  # arrival order
         self.next_id = {z: 0 for z in zones}
@@ -296,6 +314,28 @@ class _Replay:
         # else: joined and left at one instant, never visible to a consumer
 
     def _set_level(self, t: float, zone: str, level: int) -> None:
+        if self.count_model == "instances":
+            self._set_instances(t, zone, level)
+        else:
+            self._set_capacity(t, zone, level)
+        self.level[zone] = level
+
+    def _set_instances(self, t: float, zone: str, level: int) -> None:
+        """N_z goes from n to ``level``: a drop reclaims k of the n instances uniformly, our alive
+        nodes being m of them (slots 0..m-1); a rise lets as many nodes join, within the cap."""
+        alive, n = self.alive[zone], self.level[zone]
+        if level < n and alive:
+            hit = self.rngs[zone].choice(n, size=n - level, replace=False)
+            ours = sorted(int(i) for i in hit.tolist() if i < len(alive))
+            for node_id in [alive[i] for i in ours]:
+                self._leave(t, zone, node_id)
+        for _ in range(max(level - n, 0)):
+            if self.total >= self.cap:
+                break
+            self._join(t, zone, f"{zone}/n{self.next_id[zone]}")
+            self.next_id[zone] += 1
+
+    def _set_capacity(self, t: float, zone: str, level: int) -> None:
         alive = self.alive[zone]
         for node_id in self._pick_victims(zone, len(alive) - level):
             self._leave(t, zone, node_id)
