@@ -97,3 +97,56 @@ def test_few_second_replay_with_notice_loses_nothing_and_matches_bit_for_bit(cap
     for key in ("requests_lost", "duplicate_completions", "mismatched_outputs", "denoise_steps_lost"):
         assert report[key] == 0, key
     assert report["cost"]["savings_fraction"] > 0
+
+
+def _group_trace() -> Trace:
+    """One zone of 55 instances whose count drops to 50 or 30 and comes back, every 10 minutes."""
+    import numpy as np
+
+    from roll_spotlight.spot import CountSeries
+
+    counts = [55] + [50, 55, 30, 55] * 30
+    series = CountSeries(np.arange(len(counts)) * 600.0, np.asarray(counts), (len(counts) - 1) * 600.0)
+    return Trace(name="group", kind="counts", measures="capacity", provider="gcp", zones={"z": series})
+
+
+def test_count_model_reaches_the_market_and_the_auto_window():
+    trace = _group_trace()
+    base = dict(speedup=60.0, duration_s=120.0, drain_timeout_s=10.0, cap_nodes=4, seed=5)
+    capacity = build_market(ReplayConfig(count_model="capacity", **base), trace)
+    instances = build_market(ReplayConfig(**base), trace)
+    assert (capacity.config.count_model, instances.config.count_model) == ("capacity", "instances")
+    downs = [e for e in instances.events if e.kind is EventKind.NODE_DOWN]
+    assert downs and not any(e.kind is EventKind.NODE_DOWN for e in capacity.events)
+    # the auto window is chosen on the market that is replayed (same model, same seed)
+    auto = build_market(ReplayConfig(start_s="auto", **base), trace)
+    start = busiest_window(trace, 120.0 * 60.0, cap_nodes=4, count_model="instances", seed=5)
+    assert auto.window_start_s == start
+    with pytest.raises(ValueError, match="replay.count_model"):
+        ReplayConfig(count_model="capacities")
+    args = build_parser().parse_args(["--count-model", "capacity"])
+    assert config_from_args(args).count_model == "capacity"
+    assert config_from_args(build_parser().parse_args([])).count_model == "instances"
+
+
+def test_market_only_reports_preemptions_without_ray(tmp_path, capsys):
+    import sys
+
+    folder = tmp_path / "gcp-group"
+    folder.mkdir()
+    counts = [55] + [50, 55, 30, 55] * 30
+    (folder / "z_x.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": counts}))
+    reports = {}
+    for model in ("instances", "capacity"):
+        # 119 samples of 10 minutes: the window ends on a rise, after the last drop's replacements
+        assert main(["--trace", str(folder), "--market-only", "--count-model", model, "--speedup", "600",
+                     "--duration", "119", "--cap-nodes", "4", "--json"]) == 0
+        reports[model] = json.loads(capsys.readouterr().out)
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    for model, report in reports.items():
+        assert report["kind"] == "market" and report["trace_window"]["count_model"] == model
+        assert report["simulated_minutes"] == 1190.0 and report["spot_nodes_initial"] == 4
+        assert report["spot_nodes_started"] == 4 + report["preemptions"]  # every loss is replaced
+    assert reports["capacity"]["preemptions"] == 0 < reports["instances"]["preemptions"]
+    # a notice comes 2 wall s (the floor) before its NODE_DOWN: the last drop's notices fall in the window
+    assert reports["instances"]["notices"] >= reports["instances"]["preemptions"]

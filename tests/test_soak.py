@@ -89,3 +89,25 @@ def test_few_second_soak_loses_nothing_and_reports_memory(capsys):
     for key in ("lost", "duplicated", "mismatched", "regroups"):
         assert report[key] == 0, key
     assert report["peak_rss_mb"] > 100 and report["rss_samples"] >= 2 and report["regroups_note"]
+
+
+def test_count_model_reaches_the_replay_config_and_market_only_counts_preemptions(tmp_path, capsys):
+    from roll_spotlight.tools.soak import build_parser, config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["--count-model", "capacity"]))
+    assert cfg.count_model == "capacity" and cfg.replay_config().count_model == "capacity"
+    assert SoakConfig().replay_config().count_model == "instances"
+    with pytest.raises(ValueError, match="soak.count_model"):
+        SoakConfig(count_model="capacities")
+    folder = tmp_path / "gcp-group"
+    folder.mkdir()
+    counts = [55] + [50, 55, 30, 55] * 3  # 2 trace hours: a 20-hour soak needs 10 laps
+    (folder / "z_x.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": counts}))
+    reports = {}
+    for model in ("instances", "capacity"):
+        assert main(["--trace", str(folder), "--market-only", "--count-model", model, "--minutes", "10",
+                     "--speedup", "120", "--cap-nodes", "4", "--json"]) == 0
+        reports[model] = json.loads(capsys.readouterr().out)
+    for report in reports.values():
+        assert report["kind"] == "market" and report["trace_laps"] > 10 and report["simulated_minutes"] == 1200.0
+    assert reports["capacity"]["preemptions"] == 0 < reports["instances"]["preemptions"]

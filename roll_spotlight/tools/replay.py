@@ -27,6 +27,13 @@ Counters of the JSON report (``kind: "measured"``):
   from each worker just before its kill (work redone after a kill without notice). A step that
   finishes or a checkpoint that lands between that read and the kill makes it off by one.
 
+Count traces (the number of a group's instances alive over time) preempt the spot nodes as
+``--count-model`` says (``SpotMarket``): ``instances`` (default: each spot node is one of the
+group's alive instances, so a drop of k among n preempts each with probability k/n, seeded by
+``--seed``) or ``capacity`` (only nodes above the count are preempted, by ``--victims``).
+``--market-only`` replays the market alone, without Ray, and reports how many nodes it starts and
+preempts in the submission window (``kind: "market"``).
+
 Time: trace seconds are divided by ``--speedup``; the notice is wall time (a worker must finish
 a real denoising step and a commit in it), by default the provider's notice / speedup but at
 least ``MIN_NOTICE_S``. Spot nodes are capped at ``--cap-nodes`` from the trace start (the
@@ -54,7 +61,8 @@ from pathlib import Path
 
 import numpy as np
 
-from roll_spotlight.spot.market import MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind, MarketConfig, SpotMarket
+from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
+                                        MarketConfig, SpotMarket)
 from roll_spotlight.spot.traces import Trace, load_trace
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,7 @@ class ReplayConfig:
     start_s: float | str = 0.0
     zones: tuple[str, ...] | None = None
     victims: str = "newest_first"
+    count_model: str = "instances"
     cap_nodes: int = 4
     no_notice: bool = False
     notice_s: float | None = None
@@ -100,6 +109,8 @@ class ReplayConfig:
                 raise ValueError(f"replay.{key} must be >= {low}, got {getattr(self, key)!r}")
         if self.victims not in VICTIM_RULES:
             raise ValueError(f"replay.victims must be one of {list(VICTIM_RULES)}, got {self.victims!r}")
+        if self.count_model not in COUNT_MODELS:
+            raise ValueError(f"replay.count_model must be one of {list(COUNT_MODELS)}, got {self.count_model!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,10 +127,12 @@ def notice_wall_s(cfg: ReplayConfig, provider: str) -> float:
 
 def busiest_window(trace: Trace, window_s: float, *, cap_nodes: int | None = None,
                    zones: tuple[str, ...] | None = None, victims: str = "newest_first",
-                   lead_s: float = AUTO_LEAD_S) -> float:
+                   count_model: str = "instances", seed: int = 0, lead_s: float = AUTO_LEAD_S) -> float:
     """A window start (trace seconds) whose ``window_s`` holds the most preemptions of the capped
-    fleet, ``lead_s`` before the first of them (ties: the earliest); 0 when nothing is preempted."""
-    full = SpotMarket(trace, MarketConfig(notice_s=0.0, victims=victims, cap_nodes=cap_nodes, zones=zones))
+    fleet, ``lead_s`` before the first of them (ties: the earliest); 0 when nothing is preempted.
+    ``seed`` is the market's: the seeded rules pick the same victims as the replayed market."""
+    full = SpotMarket(trace, MarketConfig(notice_s=0.0, victims=victims, count_model=count_model, seed=seed,
+                                          cap_nodes=cap_nodes, zones=zones))
     downs = np.array(sorted(ev.time_s for ev in full.events if ev.kind is EventKind.NODE_DOWN))
     best_count, best_start = 0, 0.0
     for down in downs:
@@ -132,12 +145,38 @@ def busiest_window(trace: Trace, window_s: float, *, cap_nodes: int | None = Non
 
 def build_market(cfg: ReplayConfig, trace: Trace) -> SpotMarket:
     window_s = cfg.duration_s * cfg.speedup
-    start = (busiest_window(trace, window_s, cap_nodes=cfg.cap_nodes, zones=cfg.zones, victims=cfg.victims)
+    start = (busiest_window(trace, window_s, cap_nodes=cfg.cap_nodes, zones=cfg.zones, victims=cfg.victims,
+                            count_model=cfg.count_model, seed=cfg.seed)
              if cfg.start_s == "auto" else float(cfg.start_s))
     notice = 0.0 if cfg.no_notice else notice_wall_s(cfg, trace.provider)
     span = (cfg.duration_s + cfg.drain_timeout_s) * cfg.speedup  # events keep coming while draining
-    return SpotMarket(trace, MarketConfig(notice_s=notice, victims=cfg.victims, seed=cfg.seed, compression=cfg.speedup,
-                                          start_s=start, duration_s=span, cap_nodes=cfg.cap_nodes, zones=cfg.zones))
+    return SpotMarket(trace, MarketConfig(notice_s=notice, victims=cfg.victims, count_model=cfg.count_model,
+                                          seed=cfg.seed, compression=cfg.speedup, start_s=start, duration_s=span,
+                                          cap_nodes=cfg.cap_nodes, zones=cfg.zones))
+
+
+def trace_window(cfg: ReplayConfig, market: SpotMarket) -> dict:
+    """The report's description of the replayed market window."""
+    return {"start_s": market.window_start_s, "end_s": market.window_end_s, "zones": list(market.trace.zone_names),
+            "cap_nodes": cfg.cap_nodes, "victims": cfg.victims, "count_model": cfg.count_model}
+
+
+def market_report(cfg: ReplayConfig, trace: Trace, market: SpotMarket) -> dict:
+    """What the market alone does in the submission window (wall ``[0, duration_s)``), no Ray:
+    nodes started, notices and preemptions (NODE_DOWN events), as a ``kind: "market"`` report."""
+    kinds = Counter(ev.kind for ev in market.events_between(0.0, cfg.duration_s))
+    return {
+        "kind": "market",
+        "trace": trace.name,
+        "trace_window": trace_window(cfg, market),
+        "speedup": cfg.speedup,
+        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+        "seed": cfg.seed,
+        "spot_nodes_initial": len(market.alive_at(0.0)),
+        "spot_nodes_started": kinds[EventKind.NODE_UP],
+        "notices": kinds[EventKind.NOTICE],
+        "preemptions": kinds[EventKind.NODE_DOWN],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,6 +361,14 @@ def run_replay(cfg: ReplayConfig) -> dict:
     return _report(cfg, trace, market, stream, live, ledger, mismatches, timing)
 
 
+def run_market_only(cfg: ReplayConfig) -> dict:
+    """The replay's market alone (``market_report``): no Ray, no workers, no outputs to check."""
+    from roll_spotlight.spot.synthetic import synthetic_trace
+
+    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    return market_report(cfg, trace, build_market(cfg, trace))
+
+
 def _one_torch_thread() -> None:
     import torch
 
@@ -373,8 +420,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
     return {
         "kind": "measured",
         "trace": trace.name,
-        "trace_window": {"start_s": market.window_start_s, "end_s": market.window_end_s,
-                         "zones": list(market.trace.zone_names), "cap_nodes": cfg.cap_nodes, "victims": cfg.victims},
+        "trace_window": trace_window(cfg, market),
         "speedup": cfg.speedup,
         "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
         **timing,
@@ -424,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=d.duration_s, help="wall seconds of request submission")
     p.add_argument("--start-s", default=str(d.start_s), help="window start in trace seconds, or 'auto'")
     p.add_argument("--zones", default=None, help="comma-separated zones of the trace to use; omitted: all")
-    p.add_argument("--victims", default=d.victims, choices=VICTIM_RULES, help="count-trace victim rule")
+    p.add_argument("--victims", default=d.victims, choices=VICTIM_RULES,
+                   help="count-trace victim rule (with --count-model capacity)")
+    p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
+                   help="count traces: each spot node is one of the group's instances, or the count is a capacity")
     p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
     p.add_argument("--notice-s", type=float, default=None,
@@ -435,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, help="wall seconds to wait for the drain")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    p.add_argument("--market-only", action="store_true",
+                   help="replay the market alone (no Ray) and report its nodes and preemptions")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line (default: indented)")
     return p
 
@@ -443,7 +494,8 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     start = args.start_s if args.start_s == "auto" else _float_arg("--start-s", args.start_s)
     zones = tuple(z.strip() for z in args.zones.split(",") if z.strip()) if args.zones else None
     return ReplayConfig(trace=args.trace, speedup=args.speedup, duration_s=args.duration, start_s=start, zones=zones,
-                        victims=args.victims, cap_nodes=args.cap_nodes, no_notice=args.no_notice,
+                        victims=args.victims, count_model=args.count_model, cap_nodes=args.cap_nodes,
+                        no_notice=args.no_notice,
                         notice_s=args.notice_s, commit_every=args.commit_every, num_steps=args.num_steps,
                         backlog=args.backlog, drain_timeout_s=args.drain_timeout, seed=args.seed,
                         address=args.address)
@@ -466,11 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
-        report = run_replay(cfg)
+        report = run_market_only(cfg) if args.market_only else run_replay(cfg)
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight replay: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    if args.market_only:
+        return 0
     bad = failed_checks(report)
     if bad:
         log.error("replay failed its checks: %s", ", ".join(f"{k}={report[k]}" for k in bad))

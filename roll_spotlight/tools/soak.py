@@ -19,6 +19,11 @@ against an uninterrupted recomputation. What it adds:
   rollout workers run at SP degree 1; the elastic SP controller (regroups) runs on its own SP
   workers and is measured by ``spotlight bench regroup`` and the elastic tests, not by the soak.
 
+Count traces preempt the spot nodes as ``--count-model`` says (``instances``, the default: each
+spot node is one of the group's alive instances; ``capacity``: only nodes above the count go); see
+`spotlight replay`. ``--market-only`` replays the tiled market alone, without Ray, and reports its
+nodes started and preemptions in the submission window (``kind: "market"``).
+
 The JSON report is replay's report (``kind: "measured"``) plus the fields above. Exit status: 0
 when requests_lost, duplicate_completions and mismatched_outputs are all 0; 1 otherwise; 2 on bad
 input (naming the option, file or line).
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from roll_spotlight.spot.market import COUNT_MODELS
 from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace, load_trace
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class SoakConfig:
     minutes: float = 1.0
     speedup: float = 120.0
     cap_nodes: int = 3
+    count_model: str = "instances"
     no_notice: bool = False
     notice_s: float | None = None
     commit_every: int = 0
@@ -73,13 +80,16 @@ class SoakConfig:
         for key, low in (("cap_nodes", 1), ("commit_every", 0), ("num_steps", 1), ("backlog", 1)):
             if getattr(self, key) < low:
                 raise ValueError(f"soak.{key} must be >= {low}, got {getattr(self, key)!r}")
+        if self.count_model not in COUNT_MODELS:
+            raise ValueError(f"soak.count_model must be one of {list(COUNT_MODELS)}, got {self.count_model!r}")
 
     def replay_config(self, drain_timeout_s: float | None = None):
         """The replay machinery's config for this soak (start at the tiled trace's origin)."""
         from roll_spotlight.tools.replay import ReplayConfig
 
         return ReplayConfig(speedup=self.speedup, duration_s=self.minutes * 60.0, start_s=0.0,
-                            cap_nodes=self.cap_nodes, no_notice=self.no_notice, notice_s=self.notice_s,
+                            cap_nodes=self.cap_nodes, count_model=self.count_model, no_notice=self.no_notice,
+                            notice_s=self.notice_s,
                             commit_every=self.commit_every, num_steps=self.num_steps, backlog=self.backlog,
                             drain_timeout_s=drain_timeout_s or self.drain_timeout_s, seed=self.seed,
                             address=self.address)
@@ -236,6 +246,21 @@ def run_soak(cfg: SoakConfig, trace: Trace | None = None) -> dict:
     }
 
 
+def run_market_only(cfg: SoakConfig, trace: Trace | None = None) -> dict:
+    """The soak's tiled market alone (no Ray): replay's ``market_report`` plus the tiling."""
+    from roll_spotlight.spot.synthetic import synthetic_trace
+    from roll_spotlight.tools import replay
+
+    if trace is None:
+        trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    tiled = tile_trace(trace, laps_needed(cfg, trace))
+    rcfg = cfg.replay_config()
+    report = replay.market_report(rcfg, tiled.trace, replay.build_market(rcfg, tiled.trace))
+    return report | {"soak_minutes": cfg.minutes, "trace": trace.name, "trace_laps": tiled.laps,
+                     "trace_period_s": tiled.period_s,
+                     "wrap_removals": tiled.removals_until(cfg.minutes * 60.0 * cfg.speedup)}
+
+
 def _replay(cfg: SoakConfig, trace: Trace) -> dict:
     """Replay's live run and check over an already built trace (replay.run_replay loads its own)."""
     from roll_spotlight.tools import replay
@@ -278,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall minutes of request submission")
     p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
     p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
+    p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
+                   help="count traces: each spot node is one of the group's instances, or the count is a capacity")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
     p.add_argument("--notice-s", type=float, default=None, help="notice in wall seconds (default: replay's)")
     p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
@@ -286,13 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, help="wall seconds to wait for the drain")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    p.add_argument("--market-only", action="store_true",
+                   help="replay the tiled market alone (no Ray) and report its nodes and preemptions")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line (default: indented)")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> SoakConfig:
     return SoakConfig(trace=args.trace, minutes=args.minutes, speedup=args.speedup, cap_nodes=args.cap_nodes,
-                      no_notice=args.no_notice, notice_s=args.notice_s, commit_every=args.commit_every,
+                      count_model=args.count_model, no_notice=args.no_notice, notice_s=args.notice_s, commit_every=args.commit_every,
                       num_steps=args.num_steps, backlog=args.backlog, drain_timeout_s=args.drain_timeout,
                       seed=args.seed, address=args.address)
 
@@ -305,11 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         trace = load_trace(cfg.trace) if cfg.trace is not None else None  # bad traces fail before Ray starts
-        report = run_soak(cfg, trace)
+        report = run_market_only(cfg, trace) if args.market_only else run_soak(cfg, trace)
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight soak: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    if args.market_only:
+        return 0
     bad = failed_checks(report)
     if bad:
         log.error("soak failed its checks: %s", ", ".join(f"{k}={report[k]}" for k in bad))
