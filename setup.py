@@ -45,6 +45,8 @@ setup(
     package_data={"roll_spotlight": ["py.typed"]},
     install_requires=[
         "torch>=2.6",
+        # LoRA adapters (train.lora); diffusers' Qwen-Image needs peft >= 0.18.1
+        "peft>=0.18.1,<0.22",
         "diffusers>=0.35",
         "omegaconf>=2.3,<2.4",
         "hydra-core>=1.3",
@@ -60,13 +62,15 @@ setup(
         "transformers>=4.51",
     ],
     extras_require={
-        "ocr": ["rapidocr-onnxruntime>=1.3"],
+        # opencv-python < 4.12: 4.12 and later (5.x) need NumPy 2, which breaks ROLL's numpy<2 pin
+        # when installed beside ROLL; 4.11 imports with NumPy 1 and 2 alike.
+        "ocr": ["rapidocr-onnxruntime>=1.3", "opencv-python>=4.8,<4.12"],
         # transformers' Mask2Former builds its training loss even for inference, which needs scipy
         "geneval": ["scipy>=1.10"],
-        "megatron": ["megatron-core>=0.12"],
-        "gpu": ["flash-attn>=2.6"],
+        # model.attention_backend: flash (through diffusers' attention dispatcher)
+        "gpu": ["flash-attn>=2.6.3"],
         # Next to ROLL: diffusers' Qwen-Image model needs peft >= 0.18.1 (ROLL pins 0.12.0).
-        "roll": ["peft>=0.18.1", "dacite>=1.8"],
+        "roll": ["dacite>=1.8", "numpy<2"],  # numpy<2: ROLL v0.3.0's pin
         "dev": [
             "pytest>=7.4",
             "pytest-mock>=3.10",

@@ -84,11 +84,19 @@ def _placement(args) -> WorkerPlacement:
 
 def _check_only(cfg, args) -> int:
     """`--check`: every start-up check, nothing built or written; prints what the run would be."""
-    from roll_spotlight.startup import check_startup
+    from roll_spotlight.models.memory_plan import check_memory_plan, format_memory_plan
+    from roll_spotlight.startup import check_startup, memory_plan_of
 
     check_startup(cfg, _placement(args))
+    plan = memory_plan_of(cfg, _placement(args))
+    print(f"memory plan ({cfg.model.preset}, {cfg.model.image_size}x{cfg.model.image_size}, estimates):")
+    print(format_memory_plan(plan))
+    check_memory_plan(plan)
+    lora = cfg.train.lora
     print(json.dumps({"config": "ok", "exp_name": cfg.exp_name, "model": cfg.model.preset,
-                      "on_ray": _placement(args).on_ray(cfg), "reward": cfg.reward.name}, indent=2))
+                      "on_ray": _placement(args).on_ray(cfg), "reward": cfg.reward.name,
+                      "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha},
+                      "guidance_scale": cfg.sampling.guidance_scale}, indent=2))
     return 0
 
 
@@ -153,6 +161,15 @@ def cmd_prompts(args) -> int:
 
     train, test = write_ocr_prompts(args.out, args.train, args.test, args.seed)
     print(json.dumps({"train": str(train), "test": str(test), "n_train": args.train, "n_test": args.test}))
+    return 0
+
+
+def cmd_make_tiny_qwen(args) -> int:
+    """A tiny randomly initialised Qwen-Image pipeline directory (real classes, a few MB), for
+    trying the Qwen-Image path end to end on a CPU."""
+    from roll_spotlight.models.tiny_qwen import make_tiny_qwen
+
+    print(make_tiny_qwen(args.dir, seed=args.seed))
     return 0
 
 
@@ -228,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", type=int, default=1000, help="test prompts (targets disjoint from training)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_prompts)
+    p = sub.add_parser("make-tiny-qwen", help="write a tiny random Qwen-Image pipeline directory to DIR")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_make_tiny_qwen)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)

@@ -54,6 +54,8 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
     from roll_spotlight.rewards.configured import configured_reward
 
     placement = placement or WorkerPlacement()
+    if missing := missing_paths(cfg):
+        raise ConfigError("local files or directories this run needs are missing:\n  " + "\n  ".join(missing))
     if cfg.spot.enabled and cfg.spot.trace:
         from roll_spotlight.spot.traces import load_trace
 
@@ -77,6 +79,52 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
         check_sp_degree(cfg.model, placement.sp_degree, key="--sp-degree")
 
 
+MISSING_PREFIX = "/missing/"  # recipes default an unset ${oc.env:VAR} to /missing/VAR
+
+
+def missing_paths(cfg) -> list[str]:
+    """Every local path the run names that does not exist, as "key=path" lines (with the
+    environment variable to set when a recipe's placeholder stands in for it)."""
+    wanted = []
+    if cfg.model.preset != "tiny":
+        wanted.append(("model.path", cfg.model.path, "dir"))
+    if cfg.task.name == "prompts":
+        wanted += [("task.train_file", cfg.task.train_file, "file"), ("task.test_file", cfg.task.test_file, "file")]
+    wanted += [(f"reward.kwargs.{k}", v, "dir") for k, v in cfg.reward.kwargs.items()
+               if k.endswith(("_path", "_dir")) and isinstance(v, str)]
+    lines = []
+    for key, value, kind in wanted:
+        path = Path(str(value))
+        if not (path.is_dir() if kind == "dir" else path.is_file()):
+            hint = ""
+            if str(value).startswith(MISSING_PREFIX):
+                hint = f" (set ${str(value)[len(MISSING_PREFIX):].split('/')[0]})"
+            lines.append(f"{key}={value}: no such {'directory' if kind == 'dir' else 'file'}{hint}")
+    return lines
+
+
+def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
+    """The run's memory plan per role (models.memory_plan), from the model's config alone: the
+    transformer config of `model.path` for Qwen-Image (no weights read), the tiny model's own."""
+    from roll_spotlight.models import memory_plan as mp
+
+    model, train = cfg.model, cfg.train
+    lora = train.lora
+    settings = dict(height=model.image_size, width=model.image_size, dtype=model.dtype,
+                    lora_rank=lora.rank if lora is not None else None,
+                    lora_targets=tuple(lora.target_modules) if lora is not None else mp.FLOW_GRPO_LORA_TARGETS,
+                    micro_batch=train.micro_batch_size, cfg=cfg.sampling.guidance_scale > 1.0,
+                    text_tokens=model.max_sequence_length if model.preset == "qwen_image" else model.max_prompt_tokens,
+                    gradient_checkpointing=model.gradient_checkpointing, sampling_steps=cfg.sampling.num_steps,
+                    sp_degree=(placement or WorkerPlacement()).sp_degree, gpu_memory_gb=model.gpu_memory_gb)
+    if model.preset == "qwen_image":
+        return mp.memory_plan(mp.transformer_config_from_dir(Path(model.path) / "transformer"), **settings)
+    tiny = {"patch_size": 2, "in_channels": 12, "out_channels": 3, "num_layers": model.num_layers,
+            "attention_head_dim": model.attention_head_dim, "num_attention_heads": model.num_attention_heads,
+            "joint_attention_dim": model.joint_attention_dim, "axes_dims_rope": list(model.axes_dims_rope)}
+    return mp.memory_plan(tiny, **settings, vae_scale_factor=1, vae_params=0, text_encoder_params=0)
+
+
 def check_prompt_files(cfg) -> None:
     """Both prompt files parse (errors name file and line); an OCR reward needs a quoted target
     in every prompt."""
@@ -94,16 +142,17 @@ def starting_policy(cfg, *, progress: bool = True):
     """(policy, source): what a run starts from, and what its Ray workers load for it
     (`roll_spotlight.models.source`): the cached tiny base (pretrained first when missing) and its
     checkpoint path, or the real model loaded from `model.path` and its model section."""
-    from roll_spotlight.models.source import policy_source
+    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
 
+    setup = policy_setup(cfg)  # LoRA, guidance, attention backend: after any pretraining
     if cfg.model.preset == "tiny":
         from roll_spotlight.training.pretrain import load_or_pretrain
 
         policy, meta = load_or_pretrain(cfg, progress=progress)
-        return policy, meta["path"]
+        return prepare_policy(policy, setup), policy_source(cfg.model, meta["path"], setup)
     from roll_spotlight.models import build_policy
 
-    return build_policy(cfg.model), policy_source(cfg.model, None)
+    return prepare_policy(build_policy(cfg.model), setup), policy_source(cfg.model, None, setup)
 
 
 def write_run_config(cfg, run_dir: Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.lora import LoraConfig
 from roll_spotlight.tasks.shapes.spec import TAGS
 
 TRACKERS = ("jsonl", "tensorboard", "none")
@@ -103,8 +104,16 @@ class SamplingConfig:
     sde_window: int = 3
     window_range: tuple[int, int] = (0, 5)
     eval_num_steps: int = 10
+    # true CFG (Qwen-Image's true_cfg_scale): a second forward on the negative prompt; 1 = off.
+    # None: the preset's default (4.0 for qwen_image, as flow_grpo; 1.0 for tiny)
+    guidance_scale: float | None = None
+    negative_prompt: str | None = " "
 
     def __post_init__(self) -> None:
+        if self.guidance_scale is not None:
+            from roll_spotlight.models.guidance import check_guidance
+
+            check_guidance(self.guidance_scale, self.negative_prompt)
         _require(self.num_steps >= 2, "sampling.num_steps", self.num_steps, "must be >= 2")
         _require(self.noise_level > 0, "sampling.noise_level", self.noise_level, "must be > 0")
         _require(0 <= self.sde_window <= self.num_steps, "sampling.sde_window", self.sde_window,
@@ -132,6 +141,13 @@ class GRPOConfig:
     trainable: Literal["all", "transformer", "prompt_encoder"] = "all"
     drop_zero_std: bool = True
     ema_decay: float = 0.0      # > 0: validate (and deliver) a moving average of the weights
+    # LoRA adapters (models.lora): `use_lora` None = the preset's default (on for qwen_image, whose
+    # ~20B parameters cannot be fully fine-tuned per replica; off for tiny); `lora` None = the
+    # preset's values (flow_grpo's rank 64, alpha 128 on Qwen-Image's attention and MLPs)
+    use_lora: bool | None = None
+    lora: LoraConfig | None = None
+    # "fsdp": shard the trainer's transformer over its data-parallel ranks (torch FSDP2)
+    sharding: Literal["replicate", "fsdp"] = "replicate"
 
     def __post_init__(self) -> None:
         _require(self.group_size >= 2, "train.group_size", self.group_size,
@@ -311,6 +327,7 @@ class RunConfig:
         _require(self.save_steps >= 0, "save_steps", self.save_steps, "must be >= 0 (0 = never)")
         _require(self.rollout_batch_size >= 1, "rollout_batch_size", self.rollout_batch_size, "must be >= 1")
         _require(self.track_with in TRACKERS, "track_with", self.track_with, f"must be one of {TRACKERS}")
+        self._resolve_preset_defaults()
         if self.task.name == "prompts":
             _require(self.model.preset != "tiny", "task.name", self.task.name,
                      "needs a real text encoder (model.preset=qwen_image): the tiny model knows only the "
@@ -326,3 +343,19 @@ class RunConfig:
         geneval = self.task.format == "geneval" or str(self.task.train_file).endswith(".jsonl")
         if self.reward.name == "geneval" and geneval and "metadata_file" not in self.reward.kwargs:
             self.reward.kwargs["metadata_file"] = [self.task.train_file, self.task.test_file]
+
+    def _resolve_preset_defaults(self) -> None:
+        """LoRA and guidance left unset take the model preset's defaults (see GRPOConfig and
+        SamplingConfig); after this, `train.lora` is None exactly when LoRA is off."""
+        from roll_spotlight.models.guidance import check_guidance
+
+        preset, train, sampling = self.model.preset, self.train, self.sampling
+        if train.use_lora is None:
+            train.use_lora = preset == "qwen_image" or train.lora is not None
+        train.lora = (train.lora or LoraConfig.for_preset(preset)) if train.use_lora else None
+        if train.lora is not None:
+            _require(train.trainable in ("all", "transformer"), "train.trainable", train.trainable,
+                     "must be 'all' or 'transformer' with LoRA on (the adapters are in the transformer)")
+        if sampling.guidance_scale is None:
+            sampling.guidance_scale = 4.0 if preset == "qwen_image" else 1.0
+        check_guidance(sampling.guidance_scale, sampling.negative_prompt)

@@ -95,6 +95,8 @@ def _convert(tp: Any, value: Any, key: str, source: str | None) -> Any:
     if origin in (Union, types.UnionType):
         return _convert_union(tp, value, key, source)
     if origin is Literal:
+        if isinstance(value, bool) and ("off" if not value else "on") in get_args(tp):
+            value = "off" if not value else "on"  # YAML 1.1 reads an unquoted off / on as a boolean
         if value not in get_args(tp):
             raise ConfigError(f"{key}: {value!r} is not one of {list(get_args(tp))}")
         return value

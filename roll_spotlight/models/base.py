@@ -105,6 +105,7 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
         self.guidance_scale = 1.0
         self.negative_prompt: str | None = None
         self.lora: LoraConfig | None = None
+        self.attention = None  # a models.attention.BackendCheck once a non-default backend is set
         if cfg.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
 
@@ -165,6 +166,20 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
     def device(self) -> torch.device:
         return self.transformer.device
 
+    # ------------------------------------------------------------------ attention backend
+
+    def set_attention_backend(self, name: str) -> None:
+        """`model.attention_backend` through diffusers' dispatcher (models.attention); ValueError
+        listing the backends that run here when `name` does not."""
+        from roll_spotlight.models.attention import apply_attention_backend
+
+        self.attention = apply_attention_backend(self.transformer, name)
+
+    def _text_mask(self, mask: torch.Tensor) -> torch.Tensor | None:
+        from roll_spotlight.models.attention import text_mask_for_backend
+
+        return text_mask_for_backend(mask, self.attention)
+
     # ------------------------------------------------------------------ velocity
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -189,7 +204,7 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
         out = self.transformer(
             hidden_states=latents.to(self.dtype),
             encoder_hidden_states=cond.embeds.to(self.dtype),
-            encoder_hidden_states_mask=cond.mask,
+            encoder_hidden_states_mask=cond.mask if self.attention is None else self._text_mask(cond.mask),
             timestep=sigma.to(self.dtype),
             img_shapes=img_shapes_for(latents.shape[0], *self.latent_grid),
             return_dict=False,

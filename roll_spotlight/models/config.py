@@ -50,14 +50,26 @@ class ModelConfig:
     prompt_encoder_layers: int = 1
     # real text encoder
     max_sequence_length: int = 512
+    # diffusers' attention dispatcher backend ("native" = torch SDPA; "flash" = flash-attn; see
+    # models.attention); checked against what runs here when the policy is built
+    attention_backend: str = "native"
+    # the GPU memory a worker has, for the start-up memory plan (None: not checked)
+    gpu_memory_gb: float | None = None
     prompt_cache_size: int = 4096   # prompts whose embeddings stay cached (on the CPU); 0: no cache
 
     def __post_init__(self) -> None:
         self.axes_dims_rope = tuple(int(a) for a in self.axes_dims_rope)
         self._validate_choices()
+        self._validate_memory()
         self._validate_positive()
         self._validate_tiny_architecture()
         self._validate_image_size()
+
+    def _validate_memory(self) -> None:
+        if not isinstance(self.attention_backend, str) or not self.attention_backend:
+            raise ValueError(f"model.attention_backend must be a backend name, got {self.attention_backend!r}")
+        if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
+            raise ValueError(f"model.gpu_memory_gb must be > 0 (or null), got {self.gpu_memory_gb!r}")
 
     def _validate_choices(self) -> None:
         if self.preset not in PRESETS:

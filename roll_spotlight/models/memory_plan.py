@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from roll_spotlight.models.lora import QWEN_IMAGE_TARGET_MODULES
+
 GIB = float(2 ** 30)
 
 #: Qwen-Image's transformer/config.json (equal to diffusers' QwenImageTransformer2DModel defaults).
@@ -74,11 +76,7 @@ QWEN_IMAGE_VAE_BASE_DIM = 96
 #: flow_grpo's Qwen-Image LoRA (scripts/train_qwenimage.py): r=64, lora_alpha=128, gaussian init.
 FLOW_GRPO_LORA_RANK = 64
 FLOW_GRPO_LORA_ALPHA = 128
-FLOW_GRPO_LORA_TARGETS = (
-    "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
-    "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-    "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
-)
+FLOW_GRPO_LORA_TARGETS = QWEN_IMAGE_TARGET_MODULES
 
 #: Elements of width d saved per token by one block's forward with grad (see the module docstring).
 TRAIN_ELEMS_PER_TOKEN = 25

@@ -115,13 +115,13 @@ class SpotlightPipeline(BasePipeline):
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA).
         """
-        from roll_spotlight.models.source import policy_source
+        from roll_spotlight.models.source import policy_setup, policy_source
         from roll_spotlight.runtime.spot_pool import start_training_pool
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
-        source = policy_source(self.run_config.model, self.base_path)
+        source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
         return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
                                    sp_degree=cfg.elastic.sp_degree, sp_timeout_s=cfg.elastic.group_timeout_s)
 

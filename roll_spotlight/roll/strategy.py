@@ -25,14 +25,16 @@ from roll_spotlight.config.run import RunConfig
 def build_base_policy(cfg: RunConfig, base_path: str | None):
     """The starting policy: the pretrained tiny base at `base_path`, or Qwen-Image from model.path."""
     from roll_spotlight.models import build_policy, load_tiny_policy
+    from roll_spotlight.models.source import policy_setup, prepare_policy
 
     if cfg.model.preset == "tiny":
         if not base_path or not Path(base_path).is_file():
             raise ValueError(f"the tiny preset starts from a pretrained base checkpoint; got {base_path!r} "
                              "(the pipeline pretrains it once on the driver)")
         policy, _ = load_tiny_policy(base_path, device=cfg.model.device)
-        return policy
-    return build_policy(cfg.model)
+    else:
+        policy = build_policy(cfg.model)
+    return prepare_policy(policy, policy_setup(cfg))  # LoRA, guidance, attention backend
 
 
 class DiffusersRolloutStrategy:

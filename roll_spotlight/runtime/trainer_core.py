@@ -53,14 +53,18 @@ class TrainerCore:
             return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn)
 
     def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "trainer": self.trainer.state_dict(),
-                 "weight_version": self.weight_version}
+        """With LoRA the policy's part is its adapters only (the frozen base is `model.path`'s)."""
+        weights = self.policy.published_state() if self.policy.lora is not None else self.policy.state_dict()
+        state = {"policy": weights, "trainer": self.trainer.state_dict(), "weight_version": self.weight_version}
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
+        if self.policy.lora is not None:
+            self.policy.load_published_state(state["policy"])
+        else:
+            self.policy.load_state_dict(state["policy"])
         self.trainer.load_state_dict(state["trainer"])
         self.weight_version = int(state["weight_version"])
         if self.ema is not None:
@@ -69,9 +73,13 @@ class TrainerCore:
             self.ema.load_state_dict(state["ema"])
 
     def save(self, path: Path) -> None:
+        """The trainer's state at `path`; with LoRA also the adapters as diffusers LoRA weights in
+        `lora/` beside it, which `QwenImagePipeline.load_lora_weights` loads as they are."""
         tmp = Path(path).with_suffix(".tmp")
         torch.save(self.state_dict(), tmp)
         tmp.replace(path)
+        if self.policy.lora is not None:
+            self.policy.save_lora(Path(path).parent / "lora")
 
     def load(self, path: Path) -> None:
         self.load_state_dict(torch.load(path, weights_only=True))

@@ -66,6 +66,7 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
         "iterations": iterations,
         "seed": seed,
         "phases": phase_summary(cost, resolution, ondemand),
+        "calibration": cost.calibration,  # "assumed" constants, or the gpu_check file measured on a GPU
         "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
                                     "spot": feed.prices.price("spot").usd_per_gpu_hour},
         "baselines": {name: _result_dict(r, timeline) for name, r in results.items()},
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                         help=f"comma-separated subset of {sorted(BASELINES)}")
     parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     what_if = parser.add_argument_group("what-if (project a cluster before renting it)")
@@ -218,9 +221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"spotlight simulate: error: {exc}\n")
             return 2
     else:
+        try:
+            cost = _cost_model(overrides)
+            if args.calibration is not None:
+                cost = cost.with_calibration(args.calibration, args.resolution)
+        except (ValueError, OSError) as exc:
+            sys.stderr.write(f"spotlight simulate: error: --calibration {args.calibration}: {exc}\n")
+            return 2
         result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
                           iterations=args.iterations, baselines=[b for b in args.baselines.split(",") if b],
-                          seed=args.seed, cost_model=overrides, timeline=args.timeline,
+                          seed=args.seed, cost_model=cost, timeline=args.timeline,
                           start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
@@ -252,7 +262,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     lines = [f"SIMULATED ({result['note']})",
              f"trace={trace['name']} provider={trace['provider']} resolution={result['cluster']['resolution']} "
              f"ondemand={result['cluster']['ondemand_gpus']} spot={result['cluster']['spot_gpus']} "
-             f"iterations={result['iterations']}",
+             f"iterations={result['iterations']} GPU step times: {result.get('calibration', 'assumed')}",
              *([f"what-if: {result['what_if']['market']}, model {result['what_if']['params_b']:g}B parameters"]
                if "what_if" in result else []),
              f"{'baseline':<18}{'s/iter':>10}{'$/iter':>10}{'spot idle':>11}{'od idle':>9}"
