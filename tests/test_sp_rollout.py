@@ -374,3 +374,51 @@ def test_survivors_of_a_notice_re_form_a_smaller_group_in_place_and_resume_the_c
     for w in workers:
         ray.kill(w, no_restart=True)
     host.close()
+
+
+@pytest.mark.ray
+def test_an_elastic_group_losing_a_node_mid_rollout_goes_4_2_4_and_ends_bit_identical(cfg, ray_cluster, reference):
+    """elastic.groups on the live workers: a group of 4 on two 2-GPU nodes; node n1 gets a notice
+    at step 2 (the group commits), the two survivors re-form at degree 2 in place and resume the
+    lease; at step 4 two newcomers on node n2 take the weights from peers and the group merges
+    back to 4, which finishes the rollout. The output equals the single-worker run bit for bit."""
+    from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
+    from roll_spotlight.elastic.transfer import TransferSource
+    from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
+
+    ray, path = ray_cluster
+    store, queue = _store_and_queue(cfg)
+    host = RendezvousHost("127.0.0.1")
+    holds = {("n1", 1): 2, ("n0", 1): 4}  # parked after these steps, until a notice or a leave
+    members = [("n0", 0), ("n0", 1), ("n1", 0), ("n1", 1)]
+    first = {m: RolloutWorker.options(resources={ONDEMAND: 1}).remote(
+        f"{m[0]}-{m[1]}", str(path), queue, store, hold_at_step=holds.get(m)) for m in members}
+    groups = ElasticGroups(ElasticGroupsConfig(num_heads=4, preferred_degree=4, name="t424"), host, queue)
+    groups.add(first)
+    assert groups.regroup().formed == ("gen0/t424/sp0",)
+    ray.get(queue.submit.remote([_spec()]))
+    assert ray.get(first[("n1", 1)].wait_held.remote(60)), "the group of 4 never reached step 2"
+    lost = [("n1", 0), ("n1", 1)]
+    groups.notice(lost, 5.0)  # node n1 is preempted: the group commits after step 2
+    shrink = groups.regroup(lost=lost)
+    assert [g.members for g in groups.plan.groups] == [(("n0", 0), ("n0", 1))] and shrink.broken == ()
+    for member in lost:
+        ray.kill(first[member], no_restart=True)
+    assert ray.get(first[("n0", 1)].wait_held.remote(60)), "the degree-2 group never reached step 4"
+    newcomers = {("n2", g): RolloutWorker.options(resources={SPOT: 1}).remote(
+        f"n2-{g}", str(path), queue, store) for g in range(2)}
+    grow = groups.regroup(newcomers=newcomers)  # the degree-2 group commits at step 4, then 4 form
+    assert dict(grow.sources) == {("n2", 0): TransferSource.REMOTE_PEER, ("n2", 1): TransferSource.SAME_NODE_PEER}
+    completion = _wait_for_completion(ray, queue)
+    counters = groups.stop()
+    assert completion.worker == grow.formed[0] and completion.output.resumed_from == 4
+    assert np.array_equal(completion.output.latents, reference.latents)
+    assert np.array_equal(completion.output.log_probs, reference.log_probs)
+    joins = [e["size"] for e in ray.get(first[("n0", 0)].timeline.remote()) if e["phase"] == "sp_join"]
+    assert joins == [4, 2, 4]
+    assert [counters[m]["weight_fetches"] for m in members[:2]] == [1, 1], "survivors kept their weights"
+    assert [(counters[m]["weight_fetches"], counters[m]["peer_weight_copies"]) for m in newcomers] == [(0, 1)] * 2
+    assert ray.get(queue.stats.remote()).commits == 2
+    for worker in [first[m] for m in members[:2]] + list(newcomers.values()):
+        ray.kill(worker, no_restart=True)
+    host.close()

@@ -2,8 +2,9 @@
 
 Why this order: a same-node peer is the cheapest source (shared memory through the Ray object
 store on CPU, a device-to-device NCCL broadcast on GPU), a remote peer costs one network copy, and
-storage (a safetensors file written once per weight version) is the slow fallback that always
-exists. :func:`choose_source` is the pure policy; the rest are torch helpers the worker calls.
+storage (in the live runtime, the weight store every worker can fetch a version from) is the
+fallback that always exists. :func:`choose_source` is the pure policy; the rest are torch helpers
+that `runtime.actors.RolloutWorker` (peer and newcomer) and `elastic.groups` (the driver) call.
 
 Mechanisms, chosen by :func:`choose_method`:
 
@@ -35,6 +36,7 @@ __all__ = [
     "TransferMethod",
     "TransferPlan",
     "TransferSource",
+    "broadcast_state",
     "broadcast_weights",
     "choose_method",
     "choose_source",
@@ -42,8 +44,10 @@ __all__ = [
     "load_weights_file",
     "numpy_state",
     "own_weights",
+    "published_arrays",
     "save_weights_file",
     "share_numpy_state",
+    "share_published",
     "weights_checksum",
 ]
 
@@ -120,15 +124,20 @@ def load_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) ->
 
 
 @torch.no_grad()
-def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray]) -> None:
+def share_numpy_state(model: torch.nn.Module, state: Mapping[str, np.ndarray], *, subset: bool = False) -> None:
     """Make the model's parameters and buffers *views* of ``state`` (no copy).
 
     Meant for read-only shared memory (a Ray object mapped from the node's store): the model
     then only reads them, and the object stays pinned while the views exist. Anything that
     would write the weights in place must call :func:`own_weights` first. CPU models only.
+    ``subset``: ``state`` names some of the model's entries (a policy's published ones), not all.
     """
     own = model.state_dict(keep_vars=True)  # the parameters and persistent buffers themselves
-    _check_keys(own, state)
+    if subset:
+        _check_keys({k: own[k] for k in state if k in own}, state)
+        own = {k: own[k] for k in state}
+    else:
+        _check_keys(own, state)
     views = _tensor_views(state)
     for key, tensor in own.items():
         if tensor.device.type != "cpu":
@@ -167,8 +176,29 @@ def load_weights_file(model: torch.nn.Module, path: Path) -> None:
 @torch.no_grad()
 def broadcast_weights(model: torch.nn.Module, group, src: int) -> None:
     """Broadcast every state tensor from group rank ``src`` (the peer) to the others, in place."""
-    for tensor in model.state_dict().values():
-        broadcast_(tensor, src, group)
+    broadcast_state(model.state_dict(), group, src)
+
+
+@torch.no_grad()
+def broadcast_state(state: Mapping[str, torch.Tensor], group, src: int) -> None:
+    """Broadcast the tensors of ``state`` (sorted by key, so every rank sends the same sequence)
+    from group rank ``src``, in place: device to device over NCCL on GPUs."""
+    for key in sorted(state):
+        broadcast_(state[key], src, group)
+
+
+def published_arrays(policy) -> dict[str, np.ndarray]:
+    """A policy's published state (`DiTPolicy.published_state`: what a weight version holds) as
+    CPU numpy arrays: what a peer ``ray.put``s once per version for newcomers."""
+    return {k: v.detach().cpu().numpy() for k, v in policy.published_state().items()}
+
+
+@torch.no_grad()
+def share_published(policy, state: Mapping[str, np.ndarray]) -> None:
+    """Adopt a peer's :func:`published_arrays` in place (zero-copy views, see
+    :func:`share_numpy_state`); the keys must be exactly the policy's published ones."""
+    _check_keys(policy.published_state(), state)
+    share_numpy_state(policy, state, subset=True)
 
 
 def weights_checksum(model: torch.nn.Module) -> float:

@@ -155,6 +155,14 @@ class RolloutWorker:
     `sp` (a `runtime.sp_group.SPMembership`) makes the worker one rank of an SP rollout group
     (`runtime.sp_group`): `serve()` first joins the group, then the group serves as one worker.
     `group_name` is the name the group is known by in the queue: its leader's (rank 0) name.
+
+    Regroups (driven by `elastic.groups.ElasticGroups`): `leave_group()` makes the worker's group
+    commit after the step in hand and return from `serve()` like a notice does, but the worker
+    stays (the queue is not told it goes away); `serve(sp=...)` then joins the next group with
+    the weights in memory. A newcomer takes the current weights from a peer instead of the weight
+    store: `publish_weights()` on the peer and `adopt_weights()` on the newcomer (CPU: the
+    newcomer's parameters become views of the peer's object in the node's shared memory), or
+    `send_weights()` / `receive_weights()` (GPU: a device-to-device broadcast).
     """
 
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
@@ -166,7 +174,8 @@ class RolloutWorker:
         _torch_setup(threads)
         self.name, self.store, self.kinds = name, store, kinds
         self.client = QueueClient(queue, name)
-        self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0}
+        self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0,
+                         "groups_joined": 0, "peer_weight_copies": 0}
         self.sp, self.leader = None, True
         if sp is not None:
             self._set_group(sp, group_name)
@@ -174,6 +183,10 @@ class RolloutWorker:
         self.version: int | None = None
         self._stop = threading.Event()
         self._notice = threading.Event()
+        self._leave = threading.Event()
+        self._weights_lock = threading.Lock()  # a version change and a publish never interleave
+        self._published = None  # (version, [ObjectRef]) of publish_weights
+        self._shared_weights = False  # parameters are read-only views of a peer's object
         self._hold_at = hold_at_step
         self._held = threading.Event()
         self._release = threading.Event()
@@ -182,10 +195,20 @@ class RolloutWorker:
 
     def _ensure_version(self, version: int) -> None:
         if version != self.version:
-            self.executor.policy.load_published_state(self.store.fetch(version))
-            self.executor.invalidate()
-            self.version = version
-            self.counters["weight_fetches"] += 1
+            with self._weights_lock:
+                self._own_weights()
+                self.executor.policy.load_published_state(self.store.fetch(version))
+                self.executor.invalidate()
+                self.version, self._published = version, None
+                self.counters["weight_fetches"] += 1
+
+    def _own_weights(self) -> None:
+        """Before writing weights in place: views of a peer's read-only object become private."""
+        if self._shared_weights:
+            from roll_spotlight.elastic.transfer import own_weights
+
+            own_weights(self.executor.policy)
+            self._shared_weights = False
 
     def serve(self, sp=None, group_name: str | None = None) -> dict:
         """The pull loop; returns the worker's counters when it stops or is preempted.
@@ -196,12 +219,15 @@ class RolloutWorker:
         memory (no new process, no reload), and the committed lease resumes on it. Give the new
         group a fresh ``group_name`` too: the queue keeps refusing leases to a name that had a
         notice (the old group's)."""
+        self._leave.clear()  # a leave_group() or its hold release belonged to the last serve()
+        if not (self._notice.is_set() or self._stop.is_set()):
+            self._release.clear()
         if sp is not None:
             self._set_group(sp, group_name)
         if self.sp is not None:
             return self._serve_group()
         idle = 0.002
-        while not self._stop.is_set() and not self._notice.is_set():
+        while not self._stop.is_set() and not self._notice.is_set() and not self._leave.is_set():
             leases = self.client.pull(1, kinds=self.kinds)
             if not leases:
                 time.sleep(idle)
@@ -223,10 +249,14 @@ class RolloutWorker:
         every rank runs the lease, stop decisions are collective."""
         from roll_spotlight.runtime.sp_group import SPRolloutGroup
 
+        t0 = time.time()
         group = SPRolloutGroup(self.executor.policy, self.sp)
+        self.counters["groups_joined"] += 1
+        self.events.append({"worker": self.name, "phase": "sp_join", "start": t0, "end": time.time(),
+                            "prefix": self.sp.prefix, "size": self.sp.size})
         idle = 0.002
         try:
-            while not group.any(self._stop.is_set() or self._notice.is_set()):
+            while not group.any(self._stop.is_set() or self._notice.is_set() or self._leave.is_set()):
                 lease = group.lead(lambda: next(iter(self.client.pull(1, kinds=self.kinds)), None))
                 if lease is None:
                     if group.leader:  # the others wait in the next collective
@@ -274,7 +304,7 @@ class RolloutWorker:
         if step + 1 == self._hold_at:
             self._held.set()
             self._release.wait()
-        return self._notice.is_set()
+        return self._notice.is_set() or self._leave.is_set()
 
     def _checkpoint(self, state) -> None:
         self.client.checkpoint(state)
@@ -292,6 +322,85 @@ class RolloutWorker:
     def stop(self) -> None:
         self._stop.set()
         self._release.set()
+
+    def leave_group(self) -> None:
+        """End this `serve()` for a regroup: the group commits after the step in hand (collective,
+        as on a notice) and returns; the worker keeps its weights for its next group."""
+        self._leave.set()
+        self._release.set()
+
+    # ---- newcomer weights from a peer (elastic.transfer) ----
+
+    def weight_version(self) -> int | None:
+        return self.version
+
+    def publish_weights(self) -> tuple[int | None, list]:
+        """This worker's weight version and a boxed reference to its published state in the
+        node's object store (put once per version): what a newcomer adopts."""
+        import ray
+
+        from roll_spotlight.elastic.transfer import published_arrays
+
+        with self._weights_lock:
+            if self._published is None or self._published[0] != self.version:
+                self._published = (self.version, [ray.put(published_arrays(self.executor.policy))])
+            return self._published
+
+    def adopt_weights(self, published: tuple[int, list]) -> float:
+        """Take a peer's `publish_weights()`: on CPU the parameters become views of the object
+        (zero copy; the node holds one copy for every worker that adopted it), on a GPU they are
+        copied to the device. Returns the seconds spent."""
+        import ray
+
+        from roll_spotlight.elastic.transfer import load_numpy_state, share_published
+
+        start = time.perf_counter()
+        version, (ref,) = published
+        state = ray.get(ref)
+        with self._weights_lock:
+            policy = self.executor.policy
+            if policy.device.type == "cpu":
+                share_published(policy, state)
+                self._shared_weights = True
+                self._adopted(version, published)  # a later newcomer can adopt the same object
+            else:
+                self._own_weights()
+                load_numpy_state(policy, state)
+                self._adopted(version)
+        return time.perf_counter() - start
+
+    def send_weights(self, rendezvous, prefix: str, timeout_s: float) -> int | None:
+        """The peer's side of a device-to-device copy (GPU): rank 0 of a two-member group
+        ``prefix``; returns the version sent."""
+        self._broadcast_weights(rendezvous, prefix, 0, timeout_s)
+        return self.version
+
+    def receive_weights(self, rendezvous, prefix: str, version: int, timeout_s: float) -> float:
+        """The newcomer's side of :meth:`send_weights` (rank 1); returns the seconds spent."""
+        start = time.perf_counter()
+        self._broadcast_weights(rendezvous, prefix, 1, timeout_s)
+        self._adopted(version)
+        return time.perf_counter() - start
+
+    def _broadcast_weights(self, rendezvous, prefix: str, rank: int, timeout_s: float) -> None:
+        from roll_spotlight.elastic.comm import make_process_group
+        from roll_spotlight.elastic.transfer import broadcast_state
+
+        policy = self.executor.policy
+        backend = "nccl" if policy.device.type == "cuda" else "gloo"
+        store = rendezvous.connect(timeout_s)
+        group = make_process_group(store, prefix, rank, 2, backend=backend, timeout_s=timeout_s,
+                                   loopback=rendezvous.loopback)
+        with self._weights_lock:
+            if rank == 1:
+                self._own_weights()
+            state = policy.state_dict()
+            broadcast_state({k: state[k] for k in policy.published_state()}, group, 0)
+
+    def _adopted(self, version: int | None, published=None) -> None:
+        self.executor.invalidate()
+        self.version, self._published = version, published
+        self.counters["peer_weight_copies"] += 1
 
     def unsaved_steps(self) -> int:
         if not self.leader:  # an SP follower holds no lease; its leader reports the group's steps
