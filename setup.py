@@ -69,7 +69,7 @@ setup(
         "geneval": ["scipy>=1.10"],
         # model.attention_backend: flash (through diffusers' attention dispatcher)
         "gpu": ["flash-attn>=2.6.3"],
-        # Next to ROLL: diffusers' Qwen-Image model needs peft >= 0.18.1 (ROLL pins 0.12.0).
+        # Next to ROLL (installed from its repository): its dacite, and NumPy below 2 as it pins.
         "roll": ["dacite>=1.8", "numpy<2"],  # numpy<2: ROLL v0.3.0's pin
         "dev": [
             "pytest>=7.4",

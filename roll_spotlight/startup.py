@@ -71,6 +71,10 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
         key = "reward.weights" if cfg.reward.weights else "reward.kwargs"
         raise ConfigError(f"reward: cannot build reward {cfg.reward.name!r} ({key}={cfg.reward.kwargs!r}): "
                           f"{type(err).__name__}: {err}") from err
+    if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
+        from roll_spotlight.models.memory_plan import check_memory_plan
+
+        check_memory_plan(memory_plan_of(cfg, placement))
     if placement.sp_degree != 1:
         from roll_spotlight.runtime.sp_group import check_sp_degree
 

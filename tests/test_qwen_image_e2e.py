@@ -72,3 +72,20 @@ def test_recipe_trains_two_iterations_with_lora_and_cfg(models, tmp_path, monkey
     assert all(abs(r["ratio_mean"] - 1.0) < 1e-3 for r in rows[1:] if "ratio_mean" in r)
     ckpt = run_dir / "checkpoints" / "iter-000002"
     assert (ckpt / "lora" / "pytorch_lora_weights.safetensors").is_file(), "adapters in diffusers' format"
+
+
+def test_a_memory_plan_that_does_not_fit_fails_at_start_up_naming_the_key(models, tmp_path, capsys):
+    cfg = str(REPO / "configs" / "tiny_shapes.yaml")
+    args = ["train", "--config", cfg, "--run-dir", str(tmp_path / "run"), "-o", "model.preset=qwen_image",
+            "-o", f"model.path={models['qwen']}", "-o", "model.gpu_memory_gb=0.5", "-o", "model.image_size=32"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "model.gpu_memory_gb=0.5" in err and not (tmp_path / "run").exists()
+
+
+def test_a_lora_target_that_does_not_exist_is_named(models, tmp_path, capsys):
+    cfg = str(REPO / "configs" / "tiny_shapes.yaml")
+    args = ["train", "--config", cfg, "--run-dir", str(tmp_path / "run"), "-o", "model.preset=qwen_image",
+            "-o", f"model.path={models['qwen']}", "-o", "model.image_size=32", "-o", "train.lora.target_modules=[attn.nope]"]
+    assert main(args) == 2
+    assert "train.lora.target_modules" in capsys.readouterr().err and not (tmp_path / "run").exists()
