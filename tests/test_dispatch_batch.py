@@ -249,3 +249,47 @@ def test_journal_replays_batch_calls_exactly(tmp_path, compact_every):
     assert b[2].request.request_id in {lease.request.request_id for lease in rest}
     third = _server(config=QueueConfig(pull_batch=4), journal=journal)
     assert third.snapshot() == second.snapshot()
+
+
+# ------------------------------------------------------------------------- the benchmark's loop
+class _InProcessClient:
+    """``QueueClient``'s methods, called on a ``QueueServer`` in this process (no Ray)."""
+
+    def __init__(self, server, worker: str) -> None:
+        self.server, self.worker = server, worker
+
+    def pull(self, n: int = 1) -> list:
+        return self.server.pull(self.worker, n)
+
+    def pull_batch(self, n: int | None = None) -> list:
+        return self.server.pull_batch(self.worker, n)
+
+    def complete(self, lease, output) -> bool:
+        return self.server.complete(lease.result(output))
+
+    def complete_many(self, done) -> list[bool]:
+        return self.server.complete_many([lease.result(output) for lease, output in done])
+
+    def complete_and_pull(self, done, n: int | None = None):
+        return self.server.complete_and_pull(self.worker, [lease.result(output) for lease, output in done], n)
+
+
+@pytest.mark.parametrize(("batch", "timed"), [(1, 10), (4, 4), (16, 2)])
+def test_benchmark_pull_loop_completes_its_quota_in_one_round_trip_a_batch(batch, timed):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "queue_throughput.py"
+    spec = importlib.util.spec_from_file_location("queue_throughput_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    server = _server(config=QueueConfig(pull_batch=batch))
+    server.submit(specs(25))
+    trips = bench.pull_loop(_InProcessClient(server, "w"), 10, batch)
+    # Batch 1: a pull and a complete per request, timed together; batch B: one call a batch
+    # (ceil(10 / B) of them) and the first pull.
+    assert len(trips) == timed
+    stats = server.stats()
+    assert (stats.completed, stats.leases_granted, stats.duplicate_completions) == (10, 10, 0)
+    assert server.counts() == (15, 0)
