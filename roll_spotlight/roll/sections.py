@@ -120,8 +120,8 @@ class ElasticConfig:
     ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
     Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
     (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it,
-    and each spot node runs one group. It is also the elastic controller's ``preferred_degree``;
-    ``pg_timeout_s`` is the elastic controller's key. ``group_timeout_s`` is how long a rollout SP
+    and each spot node runs one group. It is also the degree `elastic.groups.ElasticGroups` re-forms
+    groups to after a preemption. ``group_timeout_s`` is how long a rollout SP
     group's collectives wait for a member (long enough for a member to load a new weight version
     while the others wait); a member silent for longer fails its group. With ``enabled`` false
     groups are fixed and a preemption stops the group until it is replaced.
@@ -129,12 +129,11 @@ class ElasticConfig:
 
     enabled: bool = True
     sp_degree: int = 1
-    pg_timeout_s: float = 10.0
     group_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _positive_int("elastic.sp_degree", self.sp_degree)
-        for key in ("pg_timeout_s", "group_timeout_s"):
+        for key in ("group_timeout_s",):
             value = getattr(self, key)
             _check(math.isfinite(value) and value > 0, f"elastic.{key}", value, "must be a finite number > 0")
 
@@ -144,12 +143,6 @@ class ElasticConfig:
             return None
         return (f"elastic.sp_degree={self.sp_degree}: rollouts run in SP groups of {self.sp_degree} "
                 f"consecutive actor_infer ranks, and each spot node runs one group of {self.sp_degree} workers")
-
-    def controller_config(self, num_heads: int):
-        """The elastic controller's config (elastic.controller.ControllerConfig) for a model."""
-        from roll_spotlight.elastic.controller import ControllerConfig
-
-        return ControllerConfig(num_heads=num_heads, preferred_degree=self.sp_degree, pg_timeout_s=self.pg_timeout_s)
 
 
 @dataclass(frozen=True)
