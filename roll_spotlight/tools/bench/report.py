@@ -276,9 +276,11 @@ def _mechanism_section(result, figs) -> str:
                      f"{g['speedup_including_step']:.1f}x | - | - |"] if g.get("speedup_including_step") else []),
                   f"| regroup | SP max abs diff (fp32) | {g['sp_max_abs_diff']:.1e} | < 1e-5 | - |"]
     q = mech.get("queue") or {}
-    for key in ("pulls_per_s", "pull_complete_roundtrip_ms", "queue_share_of_rollout"):
+    targets = {"requests_per_s_median": ">= 5000 (64 pullers)", "queue_share_of_rollout": "< 0.01"}
+    for key in ("workers", "pull_batch", "requests_per_s_median", "queue_ms_per_request", "queue_share_of_rollout",
+                "queue_share_of_step"):
         if key in q:
-            lines.append(f"| queue | {key} | {_f(q[key], 4)} | - | - |")
+            lines.append(f"| queue | {key} | {_f(q[key], 4)} | {targets.get(key, '-')} | - |")
     for name, r in mech.items():
         if "error" in r or "skipped" in r:
             lines.append(f"| {name} | - | {'failed: ' + r['error'] if 'error' in r else 'skipped: ' + r['skipped']} | - | - |")

@@ -173,7 +173,7 @@ def _mechanism(name: str, cfg: SuiteConfig) -> dict:
         script = cfg.convergence.repo_root / "benchmarks" / "queue_throughput.py"
         if not script.is_file():
             return {"skipped": f"{script} not found (run from the repository root)"}
-        return _json_subprocess([sys.executable, str(script), "--json"], cfg.subprocess_timeout_s)
+        return _json_subprocess([sys.executable, str(script), "--json", "--workers", "64"], cfg.subprocess_timeout_s)
     raise ValueError(f"unknown mechanism benchmark {name!r}; known {list(MECHANISMS)}")
 
 
