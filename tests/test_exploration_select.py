@@ -118,8 +118,11 @@ def test_baseline_selectors():
 
 
 def test_selector_registry():
-    assert set(SELECTORS) == {"max_variance", "best_worst_halves", "random", "top"}
+    assert set(SELECTORS) == {"max_variance", "best_worst_halves", "top_bottom", "random", "top"}
     values = [0.0, 1.0, 0.4, 0.6]
     assert get_selector("max_variance")(values, 2, 0).tolist() == select_max_variance(values, 2).tolist()
+    # Sol-RL's top-k/2 + bottom-k/2 (exploration.selection: top_bottom): 0.0 and 0.4 below, 0.6 and 1.0 above
+    assert get_selector("top_bottom")(values, 4, 0).tolist() == [0, 1, 2, 3]
+    assert get_selector("top_bottom")([0.5, 0.1, 0.9, 0.2, 0.8, 0.3], 4, 0).tolist() == [1, 2, 3, 4]
     with pytest.raises(ValueError, match="known selectors"):
         get_selector("nope")

@@ -109,3 +109,78 @@ def test_fallback_to_random_seeds_when_rank_is_low(tmp_path, caplog, monkeypatch
     assert rows[1].get("rank_fallback") == 1.0
     assert "falling back" in caplog.text
     assert "rank_spearman" not in rows[2], "after the fallback, seeds are random: no stale pairs"
+
+
+def test_explore_schedule_defaults_to_the_rollouts_and_rescales_the_window():
+    from roll_spotlight.dispatch.requests import Schedule
+    from roll_spotlight.runtime.exploration import explore_schedule
+
+    roll = Schedule(10, 0.7, "sde", 2, 5)
+    cfg = tiny_config("exploration.mode=stale").exploration
+    assert explore_schedule(roll, cfg) is roll
+    four = tiny_config("exploration.mode=stale", "exploration.num_steps=4").exploration
+    assert explore_schedule(roll, four) == Schedule(4, 0.7, "sde", 1, 2)
+    assert explore_schedule(Schedule(10, 0.7, "sde", 0, 1), four) == Schedule(4, 0.7, "sde", 0, 1)  # >= 1 noised
+    assert explore_schedule(Schedule(10, 0.7, "cps"), four) == Schedule(4, 0.7, "cps")  # all steps noised
+    ode = tiny_config("exploration.mode=stale", "exploration.kind=ode", "exploration.num_steps=2").exploration
+    assert explore_schedule(roll, ode) == Schedule(2, 0.7, "ode", 0, 0)
+
+
+def test_cheap_explore_requests_reach_the_backend_and_are_not_trained_on(tmp_path, monkeypatch):
+    from roll_spotlight.runtime.local import LocalBackend
+
+    explored, rolled = [], []
+    explore, rollouts = LocalBackend.explore, LocalBackend.rollouts
+
+    def recording_explore(self, specs):
+        explored.extend(s.schedule for s in specs)
+        return explore(self, specs)
+
+    def recording_rollouts(self, specs, **kw):
+        if kw.get("phase", "rollout") != "explore":
+            rolled.extend(specs)
+        return rollouts(self, specs, **kw)
+
+    monkeypatch.setattr(LocalBackend, "explore", recording_explore)
+    monkeypatch.setattr(LocalBackend, "rollouts", recording_rollouts)
+    cfg, _ = _run(tmp_path, "cheap", "exploration.mode=fresh", "exploration.num_steps=2", "exploration.kind=ode",
+                  "max_steps=1")
+    assert explored and {(s.num_steps, s.kind) for s in explored} == {(2, "ode")}
+    # fresh mode: every selected seed is regenerated with the rollouts' schedule before training
+    assert len(rolled) == cfg.rollout_batch_size * cfg.train.group_size
+    assert {(s.schedule.num_steps, s.schedule.kind) for s in rolled} == {(cfg.sampling.num_steps, cfg.sampling.kind)}
+
+
+def test_top_bottom_selection_reaches_the_planner():
+    cfg = tiny_config(*EXPLORE, "exploration.mode=stale", "exploration.selection=top_bottom")
+    rnd = ExplorationRound(cfg.exploration, 4, [(0, "a square")], schedule=None, weight_version=0, iteration=1,
+                           run_seed=0)
+    for seed, reward in zip(rnd.planner.next_pull(0.0).seeds + rnd.planner.next_pull(0.0).seeds +
+                            rnd.planner.next_pull(0.0).seeds, [0.5, 0.1, 0.9, 0.2, 0.8, 0.3]):
+        rnd.planner.observe(0, seed, reward, 1.0)
+        rnd.explored[(0, seed)] = type("E", (), {"reward": reward})()
+    assert sorted(rnd.stale_rewards(0, rnd.selection()[0])) == [0.1, 0.2, 0.8, 0.9]
+    assert rnd.pool_baseline(0) == pytest.approx((np.mean([0.5, 0.1, 0.9, 0.2, 0.8, 0.3]),
+                                                  np.std([0.5, 0.1, 0.9, 0.2, 0.8, 0.3])))
+
+
+def test_pool_baseline_hands_the_pools_statistics_to_the_trainer(tmp_path, monkeypatch):
+    from roll_spotlight.runtime.local import LocalBackend
+
+    with pytest.raises(ValueError, match="exploration.baseline='pool'"):
+        _run(tmp_path, "nobase", "exploration.mode=stale", "exploration.baseline=pool", "max_steps=1")
+    seen = []
+    start_train = LocalBackend.start_train
+
+    def with_baselines(self, outputs, prompts, group_ids, rewards, baselines=None):
+        seen.append(baselines)
+        return start_train(self, outputs, prompts, group_ids, rewards)
+
+    monkeypatch.setattr(LocalBackend, "start_train", with_baselines)
+    cfg, _ = _run(tmp_path, "pool", "exploration.mode=stale", "exploration.baseline=pool", "max_steps=3")
+    g = cfg.train.group_size
+    assert seen[0] is None  # iteration 1 had nothing explored for it
+    for base in seen[1:]:
+        assert base.shape == (cfg.rollout_batch_size * g, 2)
+        assert all(np.array_equal(base[i], base[i - i % g]) for i in range(len(base)))  # one per group
+        assert np.all(np.isfinite(base))

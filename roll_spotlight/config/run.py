@@ -208,6 +208,23 @@ class ExplorationConfig:
     `min_seeds_before_abandon` equal ones abandon it (`PlannerConfig.screen_seeds`); 0, the default
     here, is what the tiny-task convergence studies ran: prompts are not replaced in this runtime, so
     the screening gain measured by `spotlight bench planner` (with replacement) does not carry over.
+
+    `selection`: which `group_size` of a prompt's explored seeds are trained on: "max_variance" (the
+    subset of largest reward variance) or "top_bottom" (the top ceil(k/2) and bottom floor(k/2)
+    explored rewards, Sol-RL style). `baseline`: what a selected group's advantages are normalised
+    by: "selected" (the group's own fresh mean and std) or "pool" (the mean and std of the stale
+    rewards of every explored seed of that prompt: the selected group is not a random sample of the
+    prompt's seeds, the pool nearly is). `num_steps` (null: `sampling.num_steps`) and `kind` ("sde":
+    the rollouts' own sampler, its SDE window rescaled to `num_steps`; "ode": no noise) make explore
+    requests cheaper than rollouts; a cheaper schedule's outputs are never trained on.
+
+    `adaptive`: the run measures what each round bought (the selected groups' stale reward std over
+    a random subset's of the same pools, the share of all-equal groups removed, the stale-vs-fresh
+    Spearman) over the last `adaptive_window` rounds, and halves the budget, down to no exploration,
+    while neither the gain reaches `adaptive_min_gain` nor the removed share
+    `adaptive_min_equal_removed`, or the Spearman is below `adaptive_min_spearman`; once stopped, a
+    full-budget probe round every `adaptive_probe_every` iterations (0: never) can restore it
+    (`roll_spotlight.exploration.adaptive`).
     """
 
     mode: Literal["off", "fresh", "stale"] = "off"
@@ -218,9 +235,36 @@ class ExplorationConfig:
     screen_seeds: int = 0
     rank_threshold: float = 0.0
     fallback: Literal["random", "fresh"] = "random"
+    selection: Literal["max_variance", "top_bottom"] = "max_variance"
+    baseline: Literal["selected", "pool"] = "selected"
+    num_steps: int | None = None
+    kind: Literal["sde", "ode"] = "sde"
+    adaptive: bool = False
+    adaptive_min_gain: float = 1.05
+    adaptive_min_equal_removed: float = 0.05
+    adaptive_min_spearman: float = 0.3
+    adaptive_window: int = 3
+    adaptive_probe_every: int = 5
 
     def __post_init__(self) -> None:
         _require(self.seeds_per_prompt >= 1, "exploration.seeds_per_prompt", self.seeds_per_prompt, "must be >= 1")
+        _require(self.selection in ("max_variance", "top_bottom"), "exploration.selection", self.selection,
+                 "must be 'max_variance' or 'top_bottom'")
+        _require(self.baseline in ("selected", "pool"), "exploration.baseline", self.baseline,
+                 "must be 'selected' or 'pool'")
+        _require(self.num_steps is None or (not isinstance(self.num_steps, bool) and self.num_steps >= 1),
+                 "exploration.num_steps", self.num_steps, "must be null (sampling.num_steps) or an integer >= 1")
+        _require(self.kind in ("sde", "ode"), "exploration.kind", self.kind, "must be 'sde' or 'ode'")
+        _require(isinstance(self.adaptive, bool), "exploration.adaptive", self.adaptive, "must be true or false")
+        _require(self.adaptive_min_gain > 0, "exploration.adaptive_min_gain", self.adaptive_min_gain,
+                 "must be > 0 (a ratio of standard deviations)")
+        _require(0 <= self.adaptive_min_equal_removed <= 1, "exploration.adaptive_min_equal_removed",
+                 self.adaptive_min_equal_removed, "must be in [0, 1]")
+        _require(-1.0 <= self.adaptive_min_spearman <= 1.0, "exploration.adaptive_min_spearman",
+                 self.adaptive_min_spearman, "must be in [-1, 1]")
+        _require(self.adaptive_window >= 1, "exploration.adaptive_window", self.adaptive_window, "must be >= 1")
+        _require(self.adaptive_probe_every >= 0, "exploration.adaptive_probe_every", self.adaptive_probe_every,
+                 "must be >= 0 (0 = never probe once stopped)")
         _require(self.seeds_per_pull >= 1, "exploration.seeds_per_pull", self.seeds_per_pull, "must be >= 1")
         _require(self.min_seeds_before_abandon >= 2, "exploration.min_seeds_before_abandon",
                  self.min_seeds_before_abandon, "must be >= 2")

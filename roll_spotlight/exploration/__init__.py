@@ -1,7 +1,15 @@
-"""Seed exploration: max-variance seed selection, the budgeted exploration planner, rank monitoring.
+"""Seed exploration: seed selection, the budgeted exploration planner, rank monitoring, the adaptive budget.
 
 Pure numpy (no torch, no Ray): the runtime wraps these policies.
 """
+from roll_spotlight.exploration.adaptive import (
+    AdaptiveBudget,
+    AdaptiveConfig,
+    RoundContrast,
+    all_equal_probability,
+    random_subset_variance,
+    round_contrast,
+)
 from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.planner import (
     BanditPlanner,
@@ -26,6 +34,12 @@ from roll_spotlight.exploration.select import (
 )
 
 __all__ = [
+    "AdaptiveBudget",
+    "AdaptiveConfig",
+    "RoundContrast",
+    "all_equal_probability",
+    "random_subset_variance",
+    "round_contrast",
     "BanditPlanner",
     "SeedCostModel",
     "DonorPool",

@@ -54,7 +54,7 @@ import numpy as np
 
 from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig, is_continuous
-from roll_spotlight.exploration.select import select_max_variance
+from roll_spotlight.exploration.select import SELECTORS, get_selector
 from roll_spotlight.exploration.value import (
     best_rate,
     binary_lookahead_gains,
@@ -87,7 +87,9 @@ class PlannerConfig:
     ``abandon_zero_variance``). ``binary_prior`` is the Beta(a, a) prior on the
     high-value rate of two-valued (pass / fail) prompts, valued in closed form (0: Monte Carlo like
     the others); ``kind_donors`` lets a prompt borrow only from donors of its own kind (continuous
-    or not).
+    or not). ``selection`` names the selector (``select.SELECTORS``) that ``selection(k)`` applies;
+    the bandit values pulls by the max-variance subset whichever it is (top-bottom is one of the
+    candidates that subset is chosen from, so the two values move together).
     """
 
     group_size: int = 8
@@ -113,6 +115,7 @@ class PlannerConfig:
     binary_prior: float = 1.0
     kind_donors: bool = True
     base_seed: int = 0
+    selection: str = "max_variance"
 
     def __post_init__(self) -> None:
         _require_int(self, "group_size", 2)
@@ -129,6 +132,8 @@ class PlannerConfig:
         _require_number(self, "prior_tempering", 0.0, inclusive=True)
         _require_number(self, "prior_floor", 0.0, inclusive=False)
         _require_number(self, "prior_donor_strength", 0.0, inclusive=False)
+        if self.selection not in SELECTORS:
+            raise ValueError(f"PlannerConfig.selection must be one of {sorted(SELECTORS)}, got {self.selection!r}")
         if self.posterior not in POSTERIORS:
             raise ValueError(f"PlannerConfig.posterior must be one of {POSTERIORS}, got {self.posterior!r}")
         if self.prior_floor > 1:
@@ -425,7 +430,7 @@ class ExplorationPlanner:
     def selection(self, k: int | None = None) -> dict[PromptId, list[int]]:
         """Seeds to train on per prompt of the batch (batch-slot order).
 
-        Prompts with >= k explored seeds get their max-variance k. Prompts with fewer get all their
+        Prompts with >= k explored seeds get the k of ``config.selection`` (max-variance by default). Prompts with fewer get all their
         explored seeds plus the next unissued seeds of their stream ("fresh": the rollout will be the
         first look at them). In-flight results are not waited for. Abandoned prompts that were not
         replaced stay in the batch. Pure: calling it twice gives the same answer.
@@ -437,7 +442,7 @@ class ExplorationPlanner:
 
     def _select(self, arm: _Arm, k: int) -> list[int]:
         if len(arm.rewards) >= k:
-            return [arm.seeds[i] for i in select_max_variance(arm.rewards, k)]
+            return [arm.seeds[i] for i in get_selector(self.config.selection)(arm.rewards, k, 0)]
         return arm.seeds + self._peek_fresh(arm, k - len(arm.rewards))
 
     def _peek_fresh(self, arm: _Arm, n: int) -> list[int]:

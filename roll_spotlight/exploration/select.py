@@ -112,7 +112,8 @@ def max_variance(rewards: Sequence[float] | np.ndarray, k: int) -> float:
 def select_best_worst_halves(rewards: Sequence[float] | np.ndarray, k: int, seed: int = 0) -> np.ndarray:
     """The fixed j = ceil(k/2) candidate: the top ceil(k/2) and bottom floor(k/2) rewards.
 
-    A common heuristic ("best and worst halves"); ``seed`` is unused (uniform selector signature).
+    A common heuristic ("best and worst halves"; Sol-RL's top-k/2 + bottom-k/2, registered as
+    ``"top_bottom"`` too); ``seed`` is unused (uniform selector signature).
     """
     values = _as_rewards(rewards, k)
     return _extreme_subset(values, k, k - k // 2)
@@ -138,6 +139,7 @@ def _select_max_variance_seeded(rewards: Sequence[float] | np.ndarray, k: int, s
 SELECTORS: dict[str, Selector] = {
     "max_variance": _select_max_variance_seeded,
     "best_worst_halves": select_best_worst_halves,
+    "top_bottom": select_best_worst_halves,  # Sol-RL's name for it (`exploration.selection`)
     "random": select_random,
     "top": select_top,
 }

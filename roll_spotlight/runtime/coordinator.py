@@ -12,8 +12,10 @@ The backend decides where each phase runs (in process, or on Ray actors); the lo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ import numpy as np
 
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
-from roll_spotlight.exploration import RankMonitor
+from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
 from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
@@ -99,6 +101,11 @@ class Coordinator:
         self.fallback_active = False
         self.rank_monitor = RankMonitor(threshold=cfg.exploration.rank_threshold,
                                         fallback=cfg.exploration.fallback, min_pairs=4)
+        explore = cfg.exploration
+        self.adaptive = (AdaptiveBudget(AdaptiveConfig.from_exploration(explore, cfg.train.group_size))
+                         if explore.adaptive and explore.mode != "off" else None)
+        if explore.baseline == "pool" and explore.mode != "off":
+            _require_baselines(backend)
 
     def run(self) -> RunResult:
         from tqdm import tqdm
@@ -127,19 +134,24 @@ class Coordinator:
         specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
         stats: dict = {}
         if self._mode() == "fresh":
-            specs, outputs, stats["explored_seeds"] = self._explore_fresh(specs, it)
+            specs, outputs, stats["explored_seeds"], rnd = self._explore_fresh(specs, it)
             t_roll = time.monotonic()
             scored = self.backend.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
         else:  # rewards may be computed while rollouts run: rollout_s then includes them
             specs = self._apply_selection(specs)
             outputs, scored = self.backend.rollouts_scored(specs)
             t_roll = time.monotonic()
+            rnd = self.pending if self._mode() == "stale" else None
         prompts = [s.prompt for s in specs]
         rewards = np.asarray(scored.rewards, dtype=np.float64)
         stats |= self._rank_check(specs, rewards)
+        stats |= self._adapt(rnd, stats.get("rank_spearman", math.nan))
+        baselines = self._baselines(rnd, specs)
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
-        handle = self.backend.start_train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards)
+        extra = {} if baselines is None else {"baselines": baselines}  # exploration.baseline: pool
+        handle = self.backend.start_train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards,
+                                          **extra)
         if self._mode() == "stale":
             stats["explored_seeds"] = self._explore_next(it, handle)
         stats |= self.backend.finish_train(handle)
@@ -156,30 +168,56 @@ class Coordinator:
             return "fresh" if self.cfg.exploration.fallback == "fresh" else "off"
         return mode
 
-    def _round(self, specs: list[RequestSpec], it: int, version: int) -> ExplorationRound:
+    def _round(self, specs: list[RequestSpec], it: int, version: int, budget: int | None = None) -> ExplorationRound:
         g = self.cfg.train.group_size
         prompts = [(s.prompt_id, s.prompt) for s in specs[::g]]
-        return ExplorationRound(self.cfg.exploration, g, prompts, specs[0].schedule, version, it, self.cfg.seed)
+        return ExplorationRound(self.cfg.exploration, g, prompts, specs[0].schedule, version, it, self.cfg.seed,
+                                seeds_per_prompt=budget)
+
+    def _budget(self, it: int) -> int | None:
+        """Explored seeds per prompt for the prompts of `it`: the adaptive controller's (0: none), else
+        None (the configured budget)."""
+        return None if self.adaptive is None else self.adaptive.seeds_per_prompt(it)
 
     def _explore_next(self, it: int, handle) -> int:
         """While iteration `it` trains: explore the prompts of it+1 with the weights of `it`."""
-        if it >= self.cfg.max_steps:
+        budget = self._budget(it + 1)
+        if it >= self.cfg.max_steps or budget == 0:  # budget 0: spot workers serve rollouts only
             self.pending = None
             return 0
         nxt = iteration_specs(self.cfg, self.pool, it + 1, self.backend.weight_version)
-        self.pending = self._round(nxt, it + 1, self.backend.weight_version)
+        self.pending = self._round(nxt, it + 1, self.backend.weight_version, budget)
         return self.pending.run(self.backend, keep_going=lambda: self.backend.training(handle))
 
     def _explore_fresh(self, specs: list[RequestSpec], it: int):
-        """Exploration on the critical path: explore with the current weights, train on the selection."""
-        rnd = self._round(specs, it, self.backend.weight_version)
+        """Exploration on the critical path: explore with the current weights, train on the selection.
+        Explored outputs are trained on only when explored with the rollouts' own schedule."""
+        budget = self._budget(it)
+        if budget == 0:
+            return specs, self.backend.rollouts(specs), 0, None
+        rnd = self._round(specs, it, self.backend.weight_version, budget)
         explored = rnd.run(self.backend)
         chosen = self._with_seeds(specs, rnd.selection())
-        missing = [s for s, slot in zip(chosen, self._slots(chosen)) if (slot, s.seed) not in rnd.explored]
+        reusable = {} if rnd.schedule != specs[0].schedule else rnd.explored
+        missing = [s for s, slot in zip(chosen, self._slots(chosen)) if (slot, s.seed) not in reusable]
         extra = dict(zip((s.seed for s in missing), self.backend.rollouts(missing))) if missing else {}
-        outputs = [rnd.explored[(slot, s.seed)].output if (slot, s.seed) in rnd.explored else extra[s.seed]
+        outputs = [reusable[(slot, s.seed)].output if (slot, s.seed) in reusable else extra[s.seed]
                    for s, slot in zip(chosen, self._slots(chosen))]
-        return chosen, outputs, explored
+        return chosen, outputs, explored, rnd
+
+    def _adapt(self, rnd, spearman: float) -> dict:
+        """`exploration.adaptive`: what the round behind this batch bought, and the budget it leaves."""
+        if self.adaptive is None:
+            return {}
+        if rnd is None:
+            return {"explore/budget_scale": self.adaptive.scale, "explore/reason": self.adaptive.reason}
+        return self.adaptive.observe(rnd.contrast(self.cfg.train.group_size), spearman)
+
+    def _baselines(self, rnd, specs: list[RequestSpec]) -> np.ndarray | None:
+        """`exploration.baseline: pool`: each sample's (mean, std) of its prompt's explored stale rewards."""
+        if self.cfg.exploration.baseline != "pool" or rnd is None:
+            return None
+        return np.array([rnd.pool_baseline(slot) for slot in self._slots(specs)], dtype=np.float64)
 
     def _slots(self, specs: list[RequestSpec]) -> list[int]:
         return [i // self.cfg.train.group_size for i in range(len(specs))]
@@ -227,6 +265,7 @@ class Coordinator:
         meta = {"iteration": it, "curve": self.curve, "base": _eval_dump(self.base), "last": _eval_dump(self.last),
                 "pending": None if self.pending is None else round_state(self.pending),
                 "fallback_active": self.fallback_active, "rank_history": self.rank_monitor.history,
+                **({} if self.adaptive is None else {"adaptive": self.adaptive.state_dict()}),
                 "weight_version": self.backend.weight_version, "config": to_dict(self.cfg),
                 "files": {BACKEND_FILE: _file_digest(tmp / BACKEND_FILE)}}
         (tmp / META_FILE).write_text(json.dumps(meta))
@@ -267,6 +306,8 @@ class Coordinator:
         self.pending = ResumedRound(meta["pending"]) if meta.get("pending") else None
         self.fallback_active = bool(meta.get("fallback_active", False))
         self.rank_monitor.history[:] = meta.get("rank_history", [])
+        if self.adaptive is not None and meta.get("adaptive"):
+            self.adaptive.load_state_dict(meta["adaptive"])
         self.writer.truncate_after(meta["iteration"])
 
     @staticmethod
@@ -286,6 +327,14 @@ class Coordinator:
 
 BACKEND_FILE, META_FILE = "backend.pt", "meta.json"
 META_KEYS = ("iteration", "curve", "base", "last")
+
+
+def _require_baselines(backend) -> None:
+    """exploration.baseline=pool hands per-sample baselines to `start_train(..., baselines=)`."""
+    params = inspect.signature(backend.start_train).parameters
+    if "baselines" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise ValueError(f"exploration.baseline='pool' needs a backend whose start_train takes baselines=; "
+                         f"{type(backend).__name__}.start_train does not (use exploration.baseline='selected')")
 
 
 class CheckpointError(ValueError):

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_log_probs
+from roll_spotlight.flow_grpo.advantages import baselined_advantages
 from roll_spotlight.config.run import GRPOConfig
 
 
@@ -42,6 +43,9 @@ class ScoredBatch:
     rewards: np.ndarray
     noise_level: float
     kind: str
+    # (N, 2) per-sample (mean, std) advantage baselines, e.g. the explored pool's
+    # (`exploration.baseline: pool`); None: each group's own statistics
+    baselines: np.ndarray | None = None
 
     def __len__(self) -> int:
         """Samples in the whole batch (`rewards`); `trajectory` and `prompts` may hold a shard."""
@@ -172,6 +176,10 @@ class FlowGRPOTrainer:
         return self.policy.adapters_disabled()
 
     def advantages(self, batch: ScoredBatch):
+        if batch.baselines is not None:
+            return baselined_advantages(torch.as_tensor(batch.rewards, dtype=torch.float32),
+                                        torch.as_tensor(batch.group_ids), torch.as_tensor(batch.baselines),
+                                        std_mode=self.cfg.std_mode, clip=self.cfg.adv_clip)
         return group_advantages(torch.as_tensor(batch.rewards, dtype=torch.float32),
                                 torch.as_tensor(batch.group_ids), std_mode=self.cfg.std_mode,
                                 clip=self.cfg.adv_clip)
