@@ -7,7 +7,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: quickstart test bench venv clean
+.PHONY: quickstart test bench venv clean compare-roll
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,22 @@ test: $(VENV)/.installed-dev,ocr
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-dev,ocr
 	SPOTLIGHT_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/spotlight bench all $(BENCH_ARGS)
+
+# The tiny Spotlight ROLL recipe and its vanilla twin under ROLL, then `spotlight compare` (exit 1 when
+# Spotlight is worse beyond the tolerance). Needs ROLL installed (docs/roll.md): ROLL_PY is that
+# environment's python, whose bin/ (with the `ray` command) goes first on PATH. Not part of `make test`.
+# A ROLL launch that starts Ray ends with `ray stop --force`: every Ray cluster of this user (docs/roll.md).
+ROLL_PY ?= python
+ROLL_ARGS ?= max_steps=20 eval_steps=5
+COMPARE_DIR ?= output/compare-roll
+compare-roll:
+	rm -rf $(COMPARE_DIR)
+	PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) -m roll_spotlight.launch \
+	  --config_path configs/roll --config_name tiny_shapes_roll output_dir=$(COMPARE_DIR) $(ROLL_ARGS)
+	PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) -m roll_spotlight.launch \
+	  --config_path configs/roll --config_name tiny_shapes_roll_vanilla output_dir=$(COMPARE_DIR) $(ROLL_ARGS)
+	$(ROLL_PY) -m roll_spotlight.tools.compare $(COMPARE_DIR)/tiny_shapes_roll $(COMPARE_DIR)/tiny_shapes_roll_vanilla \
+	  --out $(COMPARE_DIR)/report --fail-if-worse
 
 clean:
 	rm -rf $(VENV) build *.egg-info
