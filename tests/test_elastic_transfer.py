@@ -1,4 +1,5 @@
-"""Weight-transfer policy and helpers, the resumable rollout loop, and controller validation."""
+"""Weight-transfer policy and helpers (elastic.transfer): what a newcomer's weights come from and
+how they are copied or shared."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,15 +13,6 @@ import torch
 import torch.distributed as dist
 
 from roll_spotlight.elastic.comm import make_process_group
-from roll_spotlight.elastic.model_spec import QwenModelSpec
-from roll_spotlight.elastic.rollout import (
-    RolloutRequest,
-    denoise,
-    initial_noise,
-    sde_step,
-    start_state,
-    step_noise,
-)
 from roll_spotlight.elastic.transfer import (
     TransferMethod,
     TransferPlan,
@@ -37,13 +29,22 @@ from roll_spotlight.elastic.transfer import (
     weights_checksum,
 )
 
-SPEC = QwenModelSpec(num_layers=1)
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """A small ``QwenImageTransformer2DModel`` with seeded random weights."""
+
+    init_seed: int = 0
+
+    def build(self, device: str = "cpu") -> torch.nn.Module:
+        from diffusers import QwenImageTransformer2DModel
+
+        torch.manual_seed(self.init_seed)
+        return QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=1,
+                                           attention_head_dim=32, num_attention_heads=4, joint_attention_dim=64,
+                                           axes_dims_rope=(8, 12, 12)).to(device).eval().requires_grad_(False)
 
 
-def _request(num_steps: int = 4) -> RolloutRequest:
-    rng = np.random.default_rng(0)
-    return RolloutRequest("r", seed=7, prompt_embeds=rng.standard_normal((4, 64)).astype(np.float32),
-                          prompt_mask=np.ones(4), grid=(4, 4), channels=64, num_steps=num_steps)
+SPEC = _Spec()
 
 
 # source policy
@@ -121,7 +122,7 @@ def test_safetensors_file_round_trip(tmp_path) -> None:
     assert weights_checksum(target) == weights_checksum(source)
 
 
-def _broadcast_rank(rank: int, port: int, spec: QwenModelSpec, queue) -> None:
+def _broadcast_rank(rank: int, port: int, spec: _Spec, queue) -> None:
     try:
         torch.set_num_threads(1)  # forked from a process that used OpenMP: one thread avoids a libgomp hang
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
@@ -158,78 +159,28 @@ def test_collective_broadcast_copies_the_peer_weights() -> None:
     assert results[0][0] == results[1][0] == weights_checksum(SPEC.build())
 
 
-# rollout loop
+# a policy's published state (what a live RolloutWorker shares with newcomers)
 
-def test_noise_is_a_pure_function_of_seed_and_step() -> None:
-    assert torch.equal(step_noise([3], 2, (5,)), step_noise([3], 2, (5,)))
-    assert not torch.equal(step_noise([3], 2, (5,)), step_noise([3], 3, (5,)))
-    assert not torch.equal(step_noise([3], 0, (5,)), initial_noise([3], (5,)))
-    assert torch.equal(step_noise([3, 4], 1, (5,))[1], step_noise([4], 1, (5,))[0]), "batch-independent"
+def test_a_policy_adopts_published_arrays_zero_copy_and_owns_them_before_a_version_load() -> None:
+    """A newcomer's policy maps a peer's published state (read-only, as from the object store)
+    without copying; before the next weight version is loaded in place it owns private copies,
+    so the shared arrays never change."""
+    from roll_spotlight.elastic.transfer import published_arrays, share_published
+    from tests.runtime_helpers import random_policy, tiny_config
 
-
-def test_last_step_adds_no_noise() -> None:
-    x, v, eps = torch.ones(3), torch.full((3,), 2.0), torch.full((3,), 9.0)
-    assert torch.equal(sde_step(x, v, 0.25, 0.0, eps, 0.7), x - 0.5)
-    assert not torch.equal(sde_step(x, v, 0.5, 0.25, eps, 0.7), x - 0.5)
-
-
-def test_resuming_at_any_step_matches_the_uninterrupted_rollout() -> None:
-    model, request = SPEC.build(), _request()
-    full = denoise(model, request, start_state(request), request.num_steps)
-    for k in range(1, request.num_steps):
-        part = denoise(model, request, start_state(request), k)
-        resumed = denoise(SPEC.build(), request, part, request.num_steps)
-        assert resumed.step == request.num_steps
-        assert np.array_equal(resumed.latent, full.latent)
-
-
-def test_request_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="num_steps=0"):
-        dataclasses.replace(_request(), num_steps=0)
-    with pytest.raises(ValueError, match="prompt_mask"):
-        dataclasses.replace(_request(), prompt_mask=np.ones(3))
-
-
-def test_model_spec_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="axes_dims_rope=.* attention_head_dim=32"):
-        QwenModelSpec(axes_dims_rope=(8, 8, 8))
-    assert abs(QwenModelSpec.sized(300).approx_mb - 315.5) < 1.0
-
-
-# controller configuration (no Ray cluster needed)
-
-def test_elastic_config_validation() -> None:
-    from roll_spotlight.elastic.controller import ControllerConfig
-
-    with pytest.raises(ValueError, match="preferred_degree=3 must divide num_heads=4"):
-        ControllerConfig(num_heads=4, preferred_degree=3)
-    with pytest.raises(ValueError, match="transfer_method='nvlink'"):
-        ControllerConfig(num_heads=4, preferred_degree=2, transfer_method="nvlink")
-
-
-def test_worker_lifecycle_rejects_skipped_states() -> None:
-    from roll_spotlight.elastic.controller import ControllerConfig, ElasticController
-
-    controller = ElasticController(ControllerConfig(num_heads=4, preferred_degree=2))
-    with pytest.raises(AssertionError, match="None -> WorkerState.DRAINING"):
-        controller.notify_preemption([("a", 0)])
-
-
-def test_worker_adopts_shared_weights_and_owns_them_before_a_file_load(tmp_path) -> None:
-    """In-process SPWorker (no Ray): adopting is zero-copy; a later in-place load (from a file)
-    writes private memory, never the shared arrays."""
-    from roll_spotlight.elastic.workers import SPWorker, WorkerConfig
-
-    worker = SPWorker(WorkerConfig(gpu=0, model=SPEC, node="a", device="cpu"))
-    peer = dataclasses.replace(SPEC, init_seed=5).build()
-    arrays = numpy_state(peer)
+    cfg = tiny_config()
+    peer, newcomer, later = (random_policy(cfg, seed=s) for s in (1, 2, 3))
+    arrays = published_arrays(peer)
     originals = {k: v.copy() for k, v in arrays.items()}
     for array in arrays.values():
         array.setflags(write=False)
-    worker.adopt_weights(arrays)
-    assert all(t.data_ptr() == arrays[k].ctypes.data for k, t in worker.model.state_dict().items())
-    assert worker.checksum() == weights_checksum(peer)
-    other = dataclasses.replace(SPEC, init_seed=9).build()
-    worker.load_weights_from_file(str(save_weights_file(other, tmp_path / "w.safetensors")))
-    assert worker.checksum() == weights_checksum(other)
+    share_published(newcomer, arrays)
+    state = newcomer.state_dict()
+    assert all(state[k].data_ptr() == arrays[k].ctypes.data for k in arrays), "views, not copies"
+    assert weights_checksum(newcomer) == weights_checksum(peer)
+    own_weights(newcomer)
+    newcomer.load_published_state(later.published_state())
+    assert weights_checksum(newcomer) == weights_checksum(later)
     assert all(np.array_equal(arrays[k], originals[k]) for k in arrays), "shared arrays untouched"
+    with pytest.raises(ValueError, match="state keys differ"):
+        share_published(newcomer, {k: v for k, v in list(arrays.items())[1:]})

@@ -1,7 +1,7 @@
 """Where SP workers meet to form process groups: a file store on one host, a TCP store across hosts.
 
-The controller hosts the rendezvous; workers connect to it by the picklable :class:`Rendezvous`
-the controller hands them with every ``join_group`` call.
+The Ray driver hosts the rendezvous (`runtime.sp_group.open_rendezvous`); workers connect to it by
+the picklable :class:`Rendezvous` inside the `SPMembership` the driver hands them.
 
 - ``store_host`` is a loopback address (the default, ``127.0.0.1``): every worker is on this host
   anyway, since no other host can reach a loopback address. The store is then a
@@ -63,7 +63,7 @@ class Rendezvous:
 
 
 class RendezvousHost:
-    """The controller's side: owns the store (and its directory, removed on :meth:`close`)."""
+    """The driver's side: owns the store (and its directory, removed on :meth:`close`)."""
 
     def __init__(self, store_host: str) -> None:
         self._cleanup: weakref.finalize | None = None

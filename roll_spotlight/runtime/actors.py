@@ -334,6 +334,18 @@ class RolloutWorker:
     def weight_version(self) -> int | None:
         return self.version
 
+    def prepare_standby(self) -> int:
+        """Map the node's shared-memory object store now (a process pays about 60 ms for its
+        first read of a large object), so that a worker kept for recovery pays it before a
+        peer's weights are on the critical path. Returns the process id."""
+        import os
+
+        import numpy as np
+        import ray
+
+        ray.get(ray.put(np.zeros(1 << 18, dtype=np.uint8)))  # above Ray's inline limit: a store object
+        return os.getpid()
+
     def publish_weights(self) -> tuple[int | None, list]:
         """This worker's weight version and a boxed reference to its published state in the
         node's object store (put once per version): what a newcomer adopts."""
