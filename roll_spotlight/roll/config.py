@@ -90,6 +90,12 @@ class SpotlightConfig(BaseConfig):
         sections = parse_sections(data, source=self.exp_name)
         for name in SECTION_KEYS:
             setattr(self, name, getattr(sections, name))
+        try:  # RunConfig fills the preset-dependent defaults into the sections, and checks across them
+            self.to_run_config()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{exc} in {self.exp_name}") from exc
         super().__post_init__()
         for role in ROLE_NAMES:
             self._prepare_role(role)
