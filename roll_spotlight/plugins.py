@@ -43,7 +43,6 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
     "roll_spotlight.workers": {
         "dit_trainer": "roll_spotlight.roll.workers:DiTTrainerWorker",
         "dit_rollout": "roll_spotlight.roll.workers:DiTRolloutWorker",
-        "dit_explorer": "roll_spotlight.roll.workers:DiTExplorerWorker",
         "dit_reward": "roll_spotlight.roll.workers:DiTRewardWorker",
     },
     "roll_spotlight.strategies": {
@@ -52,6 +51,7 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
     },
     "roll_spotlight.schedulers": {
         "pull_queue": "roll_spotlight.dispatch.queue:RequestQueue",
+    },
     "roll_spotlight.rewards": {
         "shapes": "roll_spotlight.rewards.shapes:ShapesReward",
         "ocr": "roll_spotlight.rewards.ocr:OcrReward",
@@ -62,7 +62,6 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
         "weighted": "roll_spotlight.rewards.base:WeightedReward",
         "safe": "roll_spotlight.rewards.base:SafeReward",
         "slow": "roll_spotlight.rewards.slow:SlowReward",
-    },
     },
 })
 _REGISTERED: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}

@@ -4,13 +4,13 @@ There is one iteration loop, ``roll_spotlight.runtime.coordinator.Coordinator``,
 host; it drives exploration (stale or fresh, with the rank-correlation fallback), checkpoints and
 validation. This module supplies its backend for ROLL, `RollClusterBackend`:
 
-    Coordinator --rollouts/explore--> RolloutDispatch --+-- static: each rollout rank runs its share
-                                                        +-- pull:   QueueActor <-- rollout ranks drain
+    Coordinator --rollouts/explore--> RolloutDispatch --+-- static: each actor_infer rank runs its share
+                                                        +-- pull:   QueueActor <-- actor_infer ranks drain
                                                                                <-- spot workers pull
                                                                                    (elastic pool, polled)
                 --score--> reward cluster (each rank its share)
-                --start_train/training/finish_train--> trainer cluster --publish v--> WeightStore
-                                                                  rollout ranks, spot workers fetch v
+                --start_train/training/finish_train--> actor_train cluster --publish v--> WeightStore
+                                                            actor_infer ranks, spot workers fetch v
                 (trainer rank r trains shard r of the batch; gradients all-reduced; rank 0 publishes)
 
 The trainer's update runs without blocking the driver, so stale exploration (the prompts of t+1
@@ -110,7 +110,7 @@ class PullDispatch:
         completions = collect(self.queue, specs, tick=tick, poll_s=self.poll_s,
                               on_completion=self.spot.record if self.spot is not None else lambda completion: None)
         ray.get(drains)
-        return outputs
+        return [c.output for c in completions]
 
     def _keep_draining(self, drains: list) -> list:
         """Restart the rollout ranks' drains once they all returned and requests are pending again."""
@@ -144,7 +144,7 @@ class RollClusterBackend:
     """The Coordinator's Backend over the pipeline's ROLL clusters and its rollout dispatch."""
 
     def __init__(self, pipeline) -> None:
-        self.trainer, self.reward = pipeline.trainer, pipeline.reward
+        self.trainer, self.reward = pipeline.actor_train, pipeline.reward
         self.dispatch: RolloutDispatch = pipeline.dispatch
         self.tracker = pipeline.tracker
         self.weight_version = 0
