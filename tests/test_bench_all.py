@@ -208,19 +208,15 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------ regroup figures
 def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
-    from roll_spotlight.tools.bench.regroup import _request, _summary
-    from roll_spotlight.elastic.model_spec import QwenModelSpec
-    from roll_spotlight.elastic.rollout import SPRolloutState
+    from roll_spotlight.tools.bench.regroup import _summary, layers_for, transformer_mb
 
-    spec = QwenModelSpec.sized(8.0)
-    request = _request(spec)
-    latent = np.zeros((16, spec.in_channels), dtype=np.float32)
-    warm = [{"total_s": t, "transfer_s": 0.01, "regroup_s": 0.02, "step_s": t - 0.03, "steady_step_s": s,
-             "lost_s": t - s, "latent": latent} for t, s in ((0.20, 0.10), (0.16, 0.09), (0.30, 0.11))]
-    cold = [{"total_s": t, "steady_step_s": s, "lost_s": t - s, "latent": latent + 1e-7}
-            for t, s in ((5.0, 0.12), (6.0, 0.10), (4.0, 0.08))]
-    reference = SPRolloutState(request_id="bench", step=request.num_steps, latent=latent, seed=11)
-    out = _summary(spec, request, warm, cold, reference, publish_s=0.5)
+    assert layers_for(256.0) == 2 and abs(transformer_mb(2) - 315.5) < 1.0  # the bench's 316 MB transformer
+    parts = {"leave_s": 0.02, "transfer_s": 0.01, "regroup_s": 0.02}
+    warm = [parts | {"total_s": t, "step_s": t - 0.05, "steady_step_s": s, "lost_s": t - s, "diff": 0.0,
+                     "source": ["same_node_peer"]} for t, s in ((0.20, 0.10), (0.16, 0.09), (0.30, 0.11))]
+    cold = [{"total_s": t, "regroup_s": 1.0, "step_s": 0.2, "steady_step_s": s, "lost_s": t - s, "diff": d}
+            for t, s, d in ((5.0, 0.12, 0.0), (6.0, 0.10, 1e-7), (4.0, 0.08, 0.0))]
+    out = _summary({"layers": 2, "model_mb": transformer_mb(2), "publish_s": 0.5}, warm, cold)
     assert out["warm_regroup_median_s"] == pytest.approx(0.10)   # median of 0.10, 0.07, 0.19
     assert out["cold_restart_median_s"] == pytest.approx(4.88)   # median of 4.88, 5.90, 3.92
     assert out["speedup"] == pytest.approx(48.8)
@@ -229,6 +225,7 @@ def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
     assert out["steady_step_median_s"] == 0.10 and out["cold_steady_step_median_s"] == 0.10
     assert out["warm_samples_s"] == pytest.approx([0.10, 0.07, 0.19])
     assert out["sp_max_abs_diff"] == pytest.approx(1e-7)
+    assert out["warm_parts_median_s"]["regroup_s"] == 0.02 and out["newcomer_weight_sources"] == ["same_node_peer"]
 
 
 def test_report_lists_the_regroup_speedup_with_and_without_the_step():
