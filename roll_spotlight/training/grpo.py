@@ -87,6 +87,11 @@ class GradientSync:
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Called between backward and gradient clipping; sums the ranks' gradients in place."""
 
+    def micro_batches(self, count: int) -> int:
+        """Micro-batches this rank runs when it has `count` of its own: more when every rank must run
+        as many forwards and backwards (FSDP, `sharding.ShardedGradients`); the rest are padding."""
+        return count
+
     def reduce_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         return totals
 
@@ -225,6 +230,7 @@ class FlowGRPOTrainer:
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         chunks = [local[i:i + self.cfg.micro_batch_size] for i in range(0, len(local), self.cfg.micro_batch_size)]
+        padding = self.sync.micro_batches(len(chunks)) - len(chunks)  # FSDP: ranks run as many micro-steps
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
         for idx in chunks:
             for k in steps:
@@ -233,6 +239,9 @@ class FlowGRPOTrainer:
                 (out.loss * weight).backward()
                 for name in totals:
                     totals[name] += float(getattr(out, name).detach()) * weight
+        for _ in range(padding):  # zero-weight micro-steps, so that every rank runs the same collectives
+            for k in steps:
+                (self._micro_loss(batch, adv, np.arange(1), k).loss * 0.0).backward()
         self.sync.reduce_gradients(self.params)
         return totals
 
