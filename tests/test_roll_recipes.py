@@ -29,7 +29,8 @@ def _flatten(data, prefix=""):
 def test_recipes_exist():
     names = {p.stem for p in RECIPES}
     assert {"tiny_shapes_roll", "tiny_shapes_roll_vanilla", "qwen_image_ocr_512", "qwen_image_ocr_512_vanilla",
-            "qwen_image_geneval_1280", "qwen_image_geneval_1280_vanilla"} <= names
+            "qwen_image_geneval_1280", "qwen_image_geneval_1280_vanilla", "qwen_image_pickscore_512",
+            "qwen_image_pickscore_512_vanilla"} <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
