@@ -124,14 +124,21 @@ class DiffusersTrainStrategy:
     ranks and the spot workers to fetch. With a `sync` (`roll_spotlight.training.grpo.
     AllReduceGradients`) it is one rank of a data-parallel trainer: it starts from rank 0's weights
     (broadcast, so a randomly initialised adapter agrees too), trains on its shard of each batch,
-    and only the rank given the store publishes.
+    and only the rank given the store publishes. With ``train.sharding: fsdp`` the ranks shard the
+    policy with FSDP2 (`roll_spotlight.training.sharding`): publishing, `weights_digest`, `save`,
+    `load` and `evaluate` are then collectives that every rank must call.
     """
 
     def __init__(self, cfg: RunConfig, policy, store=None, sync=None) -> None:
         from roll_spotlight.runtime.trainer_core import TrainerCore
 
         self.core = TrainerCore(cfg, policy)
-        if sync is not None:
+        self.sharded = sync is not None and cfg.train.sharding == "fsdp"
+        if self.sharded:
+            from roll_spotlight.training.sharding import ShardedGradients, shard_trainer
+
+            shard_trainer(self.core.trainer, ShardedGradients(sync.group))  # from rank 0's weights
+        elif sync is not None:
             sync.replicate(policy)
             self.core.trainer.sync = sync
         self.store = store
@@ -146,8 +153,13 @@ class DiffusersTrainStrategy:
         return self.core.weight_version
 
     def publish(self) -> None:
+        if self.sharded:  # every rank gathers the whole tensors (adapters only with LoRA)
+            from roll_spotlight.training.sharding import full_published_state
+
+            state = full_published_state(self.core.policy)
         if self.store is not None:
-            self.store.publish(self.core.weight_version, self.core.policy.published_state())
+            self.store.publish(self.core.weight_version,
+                               state if self.sharded else self.core.policy.published_state())
 
     def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
         """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids`: the batch."""
@@ -167,14 +179,28 @@ class DiffusersTrainStrategy:
         import torch
 
         digest = hashlib.sha256()
-        for name, tensor in sorted(self.core.policy.state_dict().items()):
+        state = self.core.policy.state_dict()
+        if self.sharded:
+            from roll_spotlight.training.sharding import full_tensors
+
+            state = full_tensors(state)
+        for name, tensor in sorted(state.items()):
             digest.update(name.encode())
             digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
 
     def save(self, path: str) -> None:
+        if self.sharded:
+            from roll_spotlight.training.sharding import save_sharded
+
+            return save_sharded(self.core, Path(path))
         self.core.save(Path(path))
 
     def load(self, path: str) -> None:
-        self.core.load(Path(path))
+        if self.sharded:
+            from roll_spotlight.training.sharding import load_sharded
+
+            load_sharded(self.core, Path(path))
+        else:
+            self.core.load(Path(path))
         self.publish()

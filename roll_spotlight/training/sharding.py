@@ -194,6 +194,12 @@ def load_sharded(core, path: Path) -> None:
     state = torch.load(path, weights_only=True, map_location="cpu")
     if state.get("sharding") != "fsdp":
         raise ValueError(f"{path} was written by a train.sharding=replicate run; resume it with the same setting")
+    expected = set(core.policy.state_dict())
+    if set(state["policy"]) != expected:
+        raise KeyError(f"{path} does not fit this policy: unknown keys {sorted(set(state['policy']) - expected)[:5]}, "
+                       f"missing keys {sorted(expected - set(state['policy']))[:5]}")
+    # not strict: a parameter that never got a gradient (the last block's unused text output) has no AdamW state
     set_state_dict(core.policy, core.trainer.optimizer, model_state_dict=state["policy"],
-                   optim_state_dict=state["trainer"]["optimizer"], options=StateDictOptions(full_state_dict=True))
+                   optim_state_dict=state["trainer"]["optimizer"],
+                   options=StateDictOptions(full_state_dict=True, strict=False))
     core.weight_version = int(state["weight_version"])
