@@ -15,9 +15,10 @@ against an uninterrupted recomputation. What it adds:
 - **peak memory**: a thread samples RSS every ``sample_s`` of the driver plus every process whose
   title starts with ``ray::`` (the actors), summed; ``peak_rss_mb`` is the largest sum.
   ``peak_rss_all_mb`` adds Ray's own daemons (raylet, GCS) when this process started them.
-- **regroups**: always 0 here, with the reason in ``regroups_note``: the request-queue runtime's
-  rollout workers run at SP degree 1; the elastic SP controller (regroups) runs on its own SP
-  workers and is measured by ``spotlight bench regroup`` and the elastic tests, not by the soak.
+- **regroups**: always 0 here, with the reason in ``regroups_note``: the soak's rollout workers run
+  at SP degree 1 and a spot node's notice ends its worker; regroups of live SP workers
+  (``elastic.groups.ElasticGroups``) are measured by ``spotlight bench regroup`` and
+  tests/test_sp_rollout.py, not yet driven by the spot pool.
 
 Count traces preempt the spot nodes as ``--count-model`` says (``instances``, the default: each
 spot node is one of the group's alive instances; ``capacity``: only nodes above the count go); see
@@ -49,8 +50,8 @@ from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace,
 
 log = logging.getLogger(__name__)
 
-REGROUPS_NOTE = ("0 by construction: the request-queue runtime's rollout workers run at SP degree 1; "
-                 "elastic SP regroups are measured by `spotlight bench regroup` and tests/test_elastic_workers.py")
+REGROUPS_NOTE = ("0 by construction: the soak's rollout workers run at SP degree 1; regroups of live SP workers "
+                 "are measured by `spotlight bench regroup` and tests/test_sp_rollout.py")
 
 
 @dataclass(frozen=True)
