@@ -22,7 +22,6 @@ ENTRY_POINTS = {
     "roll_spotlight.workers": [
         "dit_trainer = roll_spotlight.roll.workers:DiTTrainerWorker",
         "dit_rollout = roll_spotlight.roll.workers:DiTRolloutWorker",
-        "dit_explorer = roll_spotlight.roll.workers:DiTExplorerWorker",
         "dit_reward = roll_spotlight.roll.workers:DiTRewardWorker",
     ],
     "roll_spotlight.strategies": [

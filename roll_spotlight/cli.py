@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_tiny_qwen)
+    p = sub.add_parser("compare", help="two run directories side by side (markdown, PNG, JSON); a CI gate",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)
@@ -256,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.tools.replay",
-               "soak": "roll_spotlight.tools.soak"}
+               "soak": "roll_spotlight.tools.soak", "compare": "roll_spotlight.tools.compare"}
 
 
 def main(argv: list[str] | None = None) -> int:

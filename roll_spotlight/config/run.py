@@ -160,6 +160,8 @@ class GRPOConfig:
         _require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "must be >= 1")
         _require(self.inner_epochs >= 1, "train.inner_epochs", self.inner_epochs, "must be >= 1")
         _require(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1) (0 = off)")
+        _require(self.sharding == "replicate" or self.ema_decay == 0, "train.sharding", self.sharding,
+                 "must be 'replicate' with train.ema_decay > 0 (fsdp keeps no weight average)")
 
 
 @dataclass

@@ -25,8 +25,8 @@ section names of earlier recipes (``trainer``, ``rollout``, ``explorer``, a ``pr
 instead of letting dacite drop them. `SpotlightConfig` (which needs ROLL) stores the sections as
 these dataclasses; `validate_recipe` checks the same of a recipe file when ROLL is not installed.
 
-The component switches (``exploration.mode``, ``spot.enabled``, ``elastic.enabled``,
-``dispatch.mode``) are the only keys a vanilla twin of a recipe changes.
+The component switches (``exploration.mode``, ``spot.enabled``, ``dispatch.mode``) are the only
+keys a vanilla twin of a recipe changes; ``elastic.sp_degree`` is the same in both.
 """
 from __future__ import annotations
 
@@ -123,11 +123,9 @@ class ElasticConfig:
     and each spot node runs one group. It is also the degree `elastic.groups.ElasticGroups` re-forms
     groups to after a preemption. ``group_timeout_s`` is how long a rollout SP
     group's collectives wait for a member (long enough for a member to load a new weight version
-    while the others wait); a member silent for longer fails its group. With ``enabled`` false
-    groups are fixed and a preemption stops the group until it is replaced.
+    while the others wait); a member silent for longer fails its group.
     """
 
-    enabled: bool = True
     sp_degree: int = 1
     group_timeout_s: float = 600.0
 

@@ -83,12 +83,14 @@ class DiTTrainerWorker(_DiTWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
     def evaluate(self):
-        """Rank 0 validates (the replicas hold the same weights); other ranks return None."""
-        return self.strategy.evaluate() if self.rank == 0 else None
+        """Rank 0 validates (the replicas hold the same weights); other ranks return None. With
+        train.sharding: fsdp every rank takes part (the forward gathers shards), rank 0 reports."""
+        result = self.strategy.evaluate() if self.rank == 0 or self.strategy.sharded else None
+        return result if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
     def save_checkpoint(self, path: str) -> None:
-        if self.rank == 0:
+        if self.rank == 0 or self.strategy.sharded:  # sharded: every rank gathers, rank 0 writes
             self.strategy.save(path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)
