@@ -522,12 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight replay: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
-    if args.market_only:
-        return 0
-    bad = failed_checks(report)
+    return print_report(report, "replay", as_json=args.json, checked=not args.market_only)
+
+
+def print_report(report: dict, name: str, *, as_json: bool, checked: bool) -> int:
+    """Print a replay or soak report; 1 if a checked run failed a correctness counter, else 0."""
+    print(json.dumps(report) if as_json else json.dumps(report, indent=2))
+    bad = failed_checks(report) if checked else []
     if bad:
-        log.error("replay failed its checks: %s", ", ".join(f"{k}={report[k]}" for k in bad))
+        log.error("%s failed its checks: %s", name, ", ".join(f"{k}={report[k]}" for k in bad))
     return 1 if bad else 0
 
 

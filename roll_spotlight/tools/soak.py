@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import sys
@@ -329,7 +328,7 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one soak and print its report; 1 if a correctness counter is not 0, 2 on bad input."""
-    from roll_spotlight.tools.replay import failed_checks
+    from roll_spotlight.tools.replay import print_report
 
     args = build_parser().parse_args(argv)
     try:
@@ -339,13 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight soak: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
-    if args.market_only:
-        return 0
-    bad = failed_checks(report)
-    if bad:
-        log.error("soak failed its checks: %s", ", ".join(f"{k}={report[k]}" for k in bad))
-    return 1 if bad else 0
+    return print_report(report, "soak", as_json=args.json, checked=not args.market_only)
 
 
 if __name__ == "__main__":
