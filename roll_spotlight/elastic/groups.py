@@ -1,4 +1,5 @@
 """The driver's side of elastic SP on the live rollout workers (`runtime.actors.RolloutWorker`).
+It calls Ray actors, so unlike the pure planner (`planner.py`) this module imports Ray.
 
 The rollout workers are the persistent SP workers: a regroup never starts a process or reloads a
 model. :class:`ElasticGroups` forms their SP groups (`runtime.sp_group`) as the planner says and
