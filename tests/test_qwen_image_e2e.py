@@ -89,3 +89,33 @@ def test_a_lora_target_that_does_not_exist_is_named(models, tmp_path, capsys):
             "-o", f"model.path={models['qwen']}", "-o", "model.image_size=32", "-o", "train.lora.target_modules=[attn.nope]"]
     assert main(args) == 2
     assert "train.lora.target_modules" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.roll
+def test_ocr_recipe_trains_two_iterations_under_roll(models, tmp_path, monkeypatch):
+    """The ROLL twin of the OCR recipe on CPU-only ROLL clusters, LoRA and CFG on."""
+    from roll_spotlight.roll import SpotlightPipeline
+    from roll_spotlight.roll.config import compose_mapping, from_mapping
+
+    monkeypatch.chdir(tmp_path)  # ROLL writes ./output/logs relative to the working directory
+    monkeypatch.setenv("QWEN_IMAGE_DIR", str(models["qwen"]))
+    monkeypatch.setenv("OCR_PROMPTS_DIR", str(tmp_path))
+    _prompts(tmp_path, "ocr_512")
+    roles = [f"~{role}.device_mapping" for role in ("actor_train", "actor_infer")]  # CPU-only clusters
+    overrides = [*roles, "++actor_train.world_size=1", "++actor_infer.world_size=1", "reward.world_size=1", "num_nodes=1", "num_gpus_per_node=0", f"output_dir={tmp_path}/out",
+                 "spot.enabled=false", "exploration.mode=off", "dispatch.mode=static",
+                 *[f"++{o}" if not o.startswith(("max_steps", "eval_steps", "save_steps", "rollout_batch_size"))
+                   else o for o in SMALL if not o.startswith(("spot.", "exploration.", "reward."))]]
+    cfg = from_mapping(compose_mapping(str(REPO / "configs" / "roll"), "qwen_image_ocr_512", overrides))
+    run = cfg.to_run_config()
+    assert run.train.lora is not None and run.sampling.guidance_scale == 4.0
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        pipeline = SpotlightPipeline(cfg)
+        pipeline.run()
+    finally:
+        ray.shutdown()
+    rows = [json.loads(line) for line in (pipeline.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
