@@ -43,9 +43,10 @@ def test_geneval_reward_reads_metadata_from_the_task_files(tmp_path):
 
 def test_check_names_the_line_of_an_ocr_prompt_without_a_target(tmp_path, capsys):
     train, test = _files(tmp_path, ["a sign saying \"Hi\"", "a sign without a target"], ["a cup saying \"Yo\""])
+    qwen = [*QWEN[:1], f"model.path={tmp_path}", *QWEN[2:]]  # an existing directory: the prompt check comes next
     code = main(["train", "--check", "--config", str(REPO / "configs" / "tiny_shapes.yaml"),
                  "-o", "task.name=prompts", "-o", f"task.train_file={train}", "-o", f"task.test_file={test}",
-                 *[x for o in QWEN for x in ("-o", o)], "-o", "reward.name=ocr", "-o", "reward.kwargs={}"])
+                 *[x for o in qwen for x in ("-o", o)], "-o", "reward.name=ocr", "-o", "reward.kwargs={}"])
     assert code == 2
     assert f"{train}:2" in capsys.readouterr().err
 
