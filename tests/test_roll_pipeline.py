@@ -202,6 +202,19 @@ def test_static_dispatch_with_exploration_trains_like_the_reference(workdir, loc
 
 @pytest.mark.slow
 @pytest.mark.ray
+def test_pool_baseline_reaches_the_roll_trainer_like_the_reference(workdir, local_ray):
+    """exploration.baseline=pool: the trainer cluster normalises by the explored pools as in process."""
+    from roll_spotlight.roll import SpotlightPipeline
+
+    rows = _run_like_the_reference(workdir, "static_pool", SpotlightPipeline, "dispatch.mode=static",
+                                   "spot.enabled=false", "exploration.mode=fresh", "exploration.seeds_per_prompt=6",
+                                   "exploration.seeds_per_pull=2", "exploration.baseline=pool")
+    reference = _rows(workdir / "static_pool-reference" / "metrics.jsonl")
+    assert [r["grad_norm"] for r in rows[1:]] == pytest.approx([r["grad_norm"] for r in reference[1:]], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
 def test_sp_groups_of_rollout_ranks_and_of_a_spot_node_train_like_the_reference(workdir, local_ray):
     """elastic.sp_degree=2: the two rollout ranks drain the queue as one SP group and the spot
     node runs a group of two workers (both spot_gpu units); the curve matches SP 1's reference."""

@@ -164,23 +164,47 @@ def test_top_bottom_selection_reaches_the_planner():
                                                   np.std([0.5, 0.1, 0.9, 0.2, 0.8, 0.3])))
 
 
-def test_pool_baseline_hands_the_pools_statistics_to_the_trainer(tmp_path, monkeypatch):
-    from roll_spotlight.runtime.local import LocalBackend
+def test_pool_baseline_reaches_the_local_trainers_advantages(tmp_path, monkeypatch):
+    """exploration.baseline=pool: the update's advantages are taken against each prompt's explored pool."""
+    from roll_spotlight.flow_grpo import group_advantages
+    from roll_spotlight.flow_grpo.advantages import baselined_advantages
+    from roll_spotlight.training.grpo import FlowGRPOTrainer
 
-    with pytest.raises(ValueError, match="exploration.baseline='pool'"):
-        _run(tmp_path, "nobase", "exploration.mode=stale", "exploration.baseline=pool", "max_steps=1")
-    seen = []
-    start_train = LocalBackend.start_train
+    used = []
+    advantages = FlowGRPOTrainer.advantages
 
-    def with_baselines(self, outputs, prompts, group_ids, rewards, baselines=None):
-        seen.append(baselines)
-        return start_train(self, outputs, prompts, group_ids, rewards)
+    def recording(self, batch):
+        adv = advantages(self, batch)
+        used.append((batch, adv.values.clone()))
+        return adv
 
-    monkeypatch.setattr(LocalBackend, "start_train", with_baselines)
+    monkeypatch.setattr(FlowGRPOTrainer, "advantages", recording)
     cfg, _ = _run(tmp_path, "pool", "exploration.mode=stale", "exploration.baseline=pool", "max_steps=3")
     g = cfg.train.group_size
-    assert seen[0] is None  # iteration 1 had nothing explored for it
-    for base in seen[1:]:
+    assert len(used) == 3 and used[0][0].baselines is None  # iteration 1 had nothing explored for it
+    for batch, values in used[1:]:
+        base = batch.baselines
         assert base.shape == (cfg.rollout_batch_size * g, 2)
         assert all(np.array_equal(base[i], base[i - i % g]) for i in range(len(base)))  # one per group
         assert np.all(np.isfinite(base))
+        rewards, ids = torch.as_tensor(batch.rewards, dtype=torch.float32), torch.as_tensor(batch.group_ids)
+        std_mode, clip = cfg.train.std_mode, cfg.train.adv_clip
+        pool = baselined_advantages(rewards, ids, torch.as_tensor(base), std_mode=std_mode, clip=clip).values
+        own = group_advantages(rewards, ids, std_mode=std_mode, clip=clip).values
+        assert torch.equal(values, pool)
+        assert not torch.allclose(values, own)  # the selected groups' own statistics are not the pool's
+
+
+def test_pool_baseline_refuses_a_backend_without_baselines(tmp_path):
+    """A backend written to the four-argument start_train fails before the first iteration, not at the second."""
+    from roll_spotlight.runtime.coordinator import Coordinator
+    from roll_spotlight.runtime.local import LocalBackend
+
+    class FourArguments(LocalBackend):
+        def start_train(self, outputs, prompts, group_ids, rewards):
+            return super().start_train(outputs, prompts, group_ids, rewards)
+
+    cfg = tiny_config(*EXPLORE, "exploration.mode=stale", "exploration.baseline=pool", "max_steps=1")
+    with pytest.raises(ValueError, match="exploration.baseline='pool'.*FourArguments"):
+        Coordinator(cfg, FourArguments(cfg, random_policy(cfg)), tmp_path / "old", progress=False)
+    Coordinator(cfg, LocalBackend(cfg, random_policy(cfg)), tmp_path / "local", progress=False)  # ours take it

@@ -178,15 +178,17 @@ class RollClusterBackend:
         rewards, fallback = (np.asarray(col, dtype=np.float64) for col in zip(*pairs))
         return RewardOutput(rewards, {"reward_fallback": fallback})
 
-    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray):
+    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
+                    baselines: np.ndarray | None = None):
         """Start one update on the trainer cluster without waiting: (refs, start time).
 
-        Each rank gets its contiguous shard of outputs and prompts (rank order) and the rewards and
-        group ids of the whole batch, so advantages and the loss normaliser are the global ones.
+        Each rank gets its contiguous shard of outputs and prompts (rank order) and the rewards, group
+        ids and advantage baselines (`exploration.baseline: pool`; None: each group's own statistics)
+        of the whole batch, so advantages and the loss normaliser are the global ones.
         """
         world = self.trainer.world_size
         refs = self.trainer.train(split_even(outputs, world), split_even(list(prompts), world),
-                                  [group_ids] * world, [rewards] * world, blocking=False)
+                                  [group_ids] * world, [rewards] * world, [baselines] * world, blocking=False)
         return refs, time.monotonic()
 
     def training(self, handle) -> bool:

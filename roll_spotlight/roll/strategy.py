@@ -161,12 +161,13 @@ class DiffusersTrainStrategy:
             self.store.publish(self.core.weight_version,
                                state if self.sharded else self.core.policy.published_state())
 
-    def train(self, outputs: list, prompts: list[str], group_ids, rewards) -> dict:
-        """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids`: the batch."""
+    def train(self, outputs: list, prompts: list[str], group_ids, rewards, baselines=None) -> dict:
+        """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids` and
+        `baselines` (per-sample advantage baselines, `exploration.baseline: pool`, or None): the batch."""
         ranks = self.core.trainer.sync.world_size
         if len(rewards) < ranks:  # checked on every rank alike, before any collective, so none hangs
             raise ValueError(f"{ranks} trainer ranks but {len(rewards)} samples in the batch; every rank needs one")
-        metrics = self.core.train(outputs, prompts, group_ids, rewards)
+        metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
         self.publish()
         return metrics
 

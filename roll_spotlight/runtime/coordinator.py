@@ -46,8 +46,10 @@ class Backend(Protocol):
     def score(self, images: np.ndarray, prompts: list[str]): ...  # RewardOutput
     def rollouts_scored(self, specs: list[RequestSpec]) -> tuple: ...  # (outputs, RewardOutput); may overlap
     def explore(self, specs: list[RequestSpec]) -> list: ...  # like rollouts, under the specs' version
-    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray,
-                    rewards: np.ndarray): ...  # one update; publishes weight_version + 1 when done
+    # one update; publishes weight_version + 1 when done. `baselines`: (N, 2) per-sample advantage
+    # (mean, std), the explored pool's (`exploration.baseline: pool`), or None (each group's own)
+    def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
+                    baselines: np.ndarray | None = None): ...
     def training(self, handle) -> bool: ...  # is the update still running (exploration may go on)?
     def finish_train(self, handle) -> dict: ...
     def evaluate(self) -> Evaluation: ...
@@ -330,7 +332,12 @@ META_KEYS = ("iteration", "curve", "base", "last")
 
 
 def _require_baselines(backend) -> None:
-    """exploration.baseline=pool hands per-sample baselines to `start_train(..., baselines=)`."""
+    """exploration.baseline=pool hands per-sample baselines to `start_train(..., baselines=)`.
+
+    Every backend of this package takes them (local, Ray, ROLL); this refuses, before the first
+    iteration, a backend written to the older four-argument protocol (a test double, a user's own)
+    instead of failing with a TypeError once exploration has run.
+    """
     params = inspect.signature(backend.start_train).parameters
     if "baselines" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         raise ValueError(f"exploration.baseline='pool' needs a backend whose start_train takes baselines=; "

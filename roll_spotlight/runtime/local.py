@@ -85,12 +85,13 @@ class LocalBackend:
         self._phase("reward", t0)
         return out
 
-    def start_train(self, outputs, prompts, group_ids, rewards) -> dict:
-        """Runs the update now; keeps the pre-update weights when exploration will need them."""
+    def start_train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+        """Runs the update now; keeps the pre-update weights when exploration will need them.
+        `baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
         if self.core.cfg.exploration.mode == "stale":
             self._keep_stale_copy()
         t0 = time.monotonic()
-        metrics = self.core.train(outputs, prompts, group_ids, rewards)
+        metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
         self._phase("train", t0)
         return metrics
 
@@ -102,8 +103,8 @@ class LocalBackend:
         self._version = self.core.weight_version
         return handle
 
-    def train(self, outputs, prompts, group_ids, rewards) -> dict:
-        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards))
+    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))
 
     def _keep_stale_copy(self) -> None:
         import copy

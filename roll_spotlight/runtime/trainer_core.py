@@ -35,10 +35,15 @@ class TrainerCore:
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
 
-    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray) -> dict:
+    def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
+              baselines: np.ndarray | None = None) -> dict:
+        """One update. `baselines`: (N, 2) per-sample (mean, std) of the whole batch to normalise
+        advantages by (`exploration.baseline: pool`); None: each group's own statistics."""
         s = self.cfg.sampling
         traj = stack_outputs(outputs, self.sigmas, s.noise_level, s.kind)
-        metrics = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind))
+        base = None if baselines is None else np.asarray(baselines, dtype=np.float64)
+        metrics = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind,
+                                                baselines=base))
         self.weight_version += 1
         if self.ema is not None:
             self.ema.update(self.policy)
