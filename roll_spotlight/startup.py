@@ -76,11 +76,14 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
 
         check_memory_plan(memory_plan_of(cfg, placement))
     if placement.sp_degree != 1:
-        from roll_spotlight.runtime.sp_group import check_sp_degree
+        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
 
         if not placement.on_ray(cfg):
             raise ValueError(f"--sp-degree {placement.sp_degree}: SP rollout groups need Ray workers (add --ray)")
         check_sp_degree(cfg.model, placement.sp_degree, key="--sp-degree")
+        if cfg.spot.enabled:
+            check_spot_placement(cfg.spot.gpus_per_node, placement.sp_degree, cfg.spot.max_workers,
+                                 degree_key="--sp-degree")
 
 
 MISSING_PREFIX = "/missing/"  # recipes default an unset ${oc.env:VAR} to /missing/VAR

@@ -81,6 +81,15 @@ def test_sp_degree_not_dividing_the_heads_names_both_keys_and_the_file():
     assert "elastic.sp_degree=3" in message and "model.num_attention_heads" in message and str(path) in message
 
 
+def test_spot_nodes_that_sp_groups_cannot_tile_fail_at_start_up_naming_both_keys(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", str(CONFIG), "--run-dir", str(run_dir), "--no-progress", "--ray",
+                 "--sp-degree", "2", "-o", "spot.enabled=true", "-o", "spot.gpus_per_node=3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "spot.gpus_per_node=3 does not fit --sp-degree=2" in err, err
+    assert not run_dir.exists()
+
+
 def test_missing_model_directory_names_the_key_and_the_path(tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     err = _train(tmp_path, capsys, CONFIG, "model.preset=qwen_image", f"model.path={missing}", "model.image_size=32")

@@ -103,6 +103,10 @@ def test_shared_sections_are_the_standalone_hosts_classes():
     ({"exploration": {"seeds_per_prompt": 4}}, "exploration.seeds_per_prompt"),
     ({"dispatch": {"lease_s": 0}}, "lease_s"),
     ({"spot": {"enabled": True}, "dispatch": {"mode": "static"}}, "dispatch.mode"),
+    ({"spot": {"gpus_per_node": 0}}, "spot.gpus_per_node"),
+    ({"spot": {"enabled": True, "gpus_per_node": 3}, "elastic": {"sp_degree": 2}},
+     "spot.gpus_per_node=3 does not fit elastic.sp_degree=2"),
+    ({"spot": {"enabled": True, "max_workers": 1}, "elastic": {"sp_degree": 4}}, "spot.max_workers=1"),
 ])
 def test_bad_recipes_fail_naming_the_key(change, fragment):
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")

@@ -175,7 +175,7 @@ def ray_cluster(cfg, tmp_path_factory):
     ray = pytest.importorskip("ray")
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
 
-    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=4, spot_workers=4))
+    init_ray(RayClusterConfig(num_cpus=2, ondemand_workers=4, spot_workers=6))
     path = save_random_policy(cfg, tmp_path_factory.mktemp("sp") / "policy.pt", seed=5)
     yield ray, path
     ray.shutdown()
@@ -275,59 +275,92 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     host.close()
 
 
-def _spot_launcher(cfg, path, queue, store):
+def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, int], no_notice: bool = False):
+    """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
+    to ``degree``; ``hold`` parks a node's workers after that step (node id -> step)."""
+    from roll_spotlight.runtime.sp_group import elastic_groups_config
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
-    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule
-    from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace
+    from roll_spotlight.spot import EventList, MarketConfig, SpotMarket, Trace
+    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
 
-    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(50.0, "add", "b"), NodeEvent(100.0, "remove", "a"))
-    trace = Trace(name="two-nodes", kind="events", measures="running", provider="aws",
-                  zones={"z": EventList(rows, 0.0, 200.0)}, gpu_type="V100")
-    launcher = RayWorkerLauncher(str(path), queue, store, sp_degree=2,
-                                 worker_kwargs=lambda node: {"hold_at_step": 3} if node == "z/a" else {})
-    pool = ElasticSpotPool(MarketSchedule(SpotMarket(trace, MarketConfig(notice_s=10.0))), launcher)
-    return launcher, pool
+    trace = Trace(name="nodes", kind="events", measures="running", provider="aws",
+                  zones={"z": EventList(tuple(rows), 0.0, 200.0)}, gpu_type="V100")
+    elastic = elastic_groups_config(cfg.model, degree, timeout_s=60.0, cuda=False)
+    launcher = RayWorkerLauncher(str(path), queue, store, gpus_per_node=2, elastic=elastic,
+                                 worker_kwargs=lambda node: {"hold_at_step": hold[node]} if node in hold else {})
+    market = SpotMarket(trace, MarketConfig(notice_s=10.0))
+    config = SpotPoolConfig(gpus_per_node=2, no_notice=no_notice)
+    return launcher, ElasticSpotPool(MarketSchedule(market), launcher, config=config)
 
 
-def _spot_setup(cfg, ray, path):
-    store, queue = _store_and_queue(cfg)
-    launcher, pool = _spot_launcher(cfg, path, queue, store)
-    pool.poll(0.0)  # node a: an SP group of two workers
-    assert launcher.wait_ready(60) and set(launcher.followers) == {"spot-z/a"}
-    ray.get(queue.submit.remote([_spec()]))
-    assert ray.get(launcher.workers["spot-z/a"].wait_held.remote(60)), "node a's group never reached step 3"
-    return queue, launcher, pool
+def _degrees(launcher) -> list[int]:
+    return sorted(g.degree for g in launcher.groups.plan.groups)
+
+
+def _held(ray, launcher, node: str) -> None:
+    for worker in launcher.nodes[f"spot-{node}"]:
+        assert ray.get(launcher.workers[worker].wait_held.remote(60)), f"{worker} never parked"
 
 
 @pytest.mark.ray
-def test_a_spot_node_runs_an_sp_group_that_commits_on_notice_and_the_next_node_resumes(cfg, ray_cluster, reference):
+def test_spot_nodes_form_groups_and_a_notice_regroups_the_survivors_4_2_4(cfg, ray_cluster, reference):
+    """SP 4 over two 2-GPU nodes; node b's notice mid-rollout (step 3) makes the group commit and
+    node a's survivors re-form SP 2 and resume; node c's arrival re-forms SP 4 (a's group commits
+    at step 4), which finishes the lease: the output equals the uninterrupted single-worker run
+    bit for bit (CPU)."""
+    from roll_spotlight.elastic.transfer import TransferSource
+    from roll_spotlight.runtime.spot_pool import regroup_metrics
+    from roll_spotlight.spot import NodeEvent
+
     ray, path = ray_cluster
-    queue, launcher, pool = _spot_setup(cfg, ray, path)
-    pool.poll(95.0)  # node b joins (its own group); node a's notice reaches both of a's workers
-    assert launcher.wait_stopped("spot-z/a", 60)["committed"] == 1
+    store, queue = _store_and_queue(cfg)
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"), NodeEvent(95.0, "add", "c"),
+            NodeEvent(100.0, "remove", "b"))
+    launcher, pool = _spot_pool(cfg, path, queue, store, rows, degree=4, hold={"z/a": 4, "z/b": 3})
+    pool.poll(0.0)
+    assert launcher.wait_ready(60) and _degrees(launcher) == [4], "one group of 4 across nodes a and b"
+    ray.get(queue.submit.remote([_spec()]))
+    _held(ray, launcher, "z/b")
+    pool.poll(95.0)  # b's notice (due at 90): SP 4 commits at step 3, a re-forms SP 2; c starts
+    assert _degrees(launcher) == [2] and pool.stats.notices == 1
+    _held(ray, launcher, "z/a")  # the SP 2 group ran step 4 of the lease
+    assert launcher.wait_ready(60) and _degrees(launcher) == [4], "c's arrival re-formed a group of 4"
     completion = _wait_for_completion(ray, queue, tick=lambda: pool.poll(95.0))
-    pool.poll(100.0)
-    assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
-    assert np.abs(completion.output.latents - reference.latents).max() < TOL
-    assert (pool.stats.notices, pool.stats.steps_lost) == (1, 0)
+    pool.poll(100.0)  # b goes down after its notice: nothing lost, nothing requeued
+    assert completion.output.resumed_from == 4
+    assert np.array_equal(completion.output.latents, reference.latents)
+    assert np.array_equal(completion.output.log_probs, reference.log_probs)
+    stats = ray.get(queue.stats.remote())
+    assert (stats.commits, stats.resumed_from_commit) == (2, 2)
+    assert (pool.stats.preemptions, pool.stats.steps_lost, pool.stats.leases_requeued) == (1, 0, 0)
+    lost = [r for r in launcher.regroups if r.lost]
+    assert [len(r.lost) for r in lost] == [2]
+    c_sources = [s for r in launcher.regroups for m, s in r.sources.items() if m[0] == "z/c"]
+    assert c_sources == [TransferSource.REMOTE_PEER, TransferSource.SAME_NODE_PEER], \
+        "c's first worker copies from a peer on another node, its second from the first"
+    metrics = regroup_metrics(launcher.regroups)
+    assert (metrics["spot/regroups_after_loss"], metrics["spot/newcomer_weights_same_node_peer"]) == (1, 1)
+    assert 0 < metrics["spot/regroup_s_per_loss"] <= metrics["spot/regroup_s_max"]
     pool.close(100.0)
 
 
 @pytest.mark.ray
-def test_a_dead_group_member_ends_its_group_and_the_lease_goes_back_to_the_queue(cfg, ray_cluster):
+def test_a_kill_without_notice_breaks_the_group_and_its_lease_goes_back_to_the_queue(cfg, ray_cluster):
+    from roll_spotlight.spot import NodeEvent
+
     ray, path = ray_cluster
-    queue, launcher, pool = _spot_setup(cfg, ray, path)
-    (follower,) = launcher.followers["spot-z/a"]
-    ray.kill(follower, no_restart=True)  # no notice: the node's second GPU is gone
-    for _ in range(100):
-        if pool.stats.actor_deaths:
-            break
-        pool.poll(1.0)
-        ray.get(queue.stats.remote())
-    assert pool.stats.actor_deaths == 1 and "spot-z/a" not in launcher.workers
-    assert pool.stats.leases_requeued == 1, "the group's lease went back to the queue at once"
-    assert ray.get(queue.counts.remote()) == (1, 0)
-    pool.close(1.0)
+    store, queue = _store_and_queue(cfg)
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"), NodeEvent(100.0, "remove", "b"))
+    launcher, pool = _spot_pool(cfg, path, queue, store, rows, degree=4, hold={"z/a": 3}, no_notice=True)
+    pool.poll(0.0)
+    assert launcher.wait_ready(60) and _degrees(launcher) == [4]
+    ray.get(queue.submit.remote([_spec()]))
+    _held(ray, launcher, "z/a")
+    pool.poll(100.0)  # b is killed with no notice: the group breaks, a re-forms SP 2
+    assert pool.stats.preemptions == 1 and pool.stats.leases_requeued == 1
+    assert _degrees(launcher) == [2] and launcher.regroups[-1].broken
+    assert ray.get(queue.counts.remote())[0] == 1, "the lease is pending again"
+    pool.close(100.0)
 
 
 @pytest.mark.slow

@@ -40,6 +40,9 @@ class FakeLauncher:
         died, self.died = self.died, []
         return died
 
+    def advance(self):
+        pass
+
     def stop_all(self):
         self.calls.append(("stop_all",))
 

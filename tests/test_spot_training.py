@@ -102,6 +102,9 @@ class FakeLauncher:
     def dead(self):
         return []
 
+    def advance(self):
+        pass
+
     def stop_all(self):
         self.calls.append(("stop_all",))
 

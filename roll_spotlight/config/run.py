@@ -279,8 +279,10 @@ class ExplorationConfig:
 class SpotConfig:
     """Spot rollout workers that come and go as a spot market says (Ray runtime only).
 
-    With `enabled`, the Ray backend runs up to `max_workers` rollout workers on spot GPUs beside the
-    on-demand ones, all pulling from one queue. A market replays `trace` (null: the synthetic market
+    With `enabled`, the Ray backend runs up to `max_workers` spot nodes of `gpus_per_node` rollout
+    workers each (one per GPU) beside the on-demand workers, all pulling from one queue. With SP
+    rollout groups (degree > 1) the spot workers are elastic SP members: groups span nodes as the
+    planner places them and re-form from the survivors after a preemption (`elastic.groups`). A market replays `trace` (null: the synthetic market
     whose parameters come from the shipped traces, `roll_spotlight.spot.synthetic`, seeded by `seed`)
     from `start_s` trace seconds on, `compression` times faster than real time (the `--speedup` of
     `spotlight replay`). A worker told of a preemption, `notice_s` wall seconds ahead (null: the
@@ -306,6 +308,7 @@ class SpotConfig:
     source: Literal["market", "cluster"] = "market"
     trace: str | None = None
     max_workers: int = 2
+    gpus_per_node: int = 1
     compression: float = 30.0
     start_s: float = 0.0
     notice_s: float | None = None
@@ -320,6 +323,8 @@ class SpotConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_workers >= 1, "spot.max_workers", self.max_workers, "must be >= 1")
+        _require(isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1, "spot.gpus_per_node",
+                 self.gpus_per_node, "must be an integer >= 1")
         _require(math.isfinite(self.compression) and self.compression > 0, "spot.compression", self.compression,
                  "must be a finite number > 0")
         _require(math.isfinite(self.start_s) and self.start_s >= 0, "spot.start_s", self.start_s,
@@ -346,6 +351,25 @@ class SpotConfig:
 
 
 @dataclass
+class DispatchConfig:
+    """How the Ray runtime's rollout workers lease requests from the queue (`dispatch/`).
+
+    `pull_batch`: requests one pull leases (`QueueConfig.pull_batch`). A worker runs its batch
+    one request after another and reports it with its next pull, one queue call a batch instead of
+    two a request: what lets one queue actor serve a cluster (benchmarks/queue_throughput.py). 1
+    (the default) is one request a pull. Keep it at most about `rollout_batch_size` / rollout
+    workers: a worker holds the requests of its batch until it reaches them, so a larger batch
+    leaves others idle at the end of a step (a notice or a stop hands the unstarted ones back).
+    """
+
+    pull_batch: int = 1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.pull_batch, int) and not isinstance(self.pull_batch, bool)
+                 and self.pull_batch >= 1, "dispatch.pull_batch", self.pull_batch, "must be an integer >= 1")
+
+
+@dataclass
 class RunConfig:
     """A whole run: ROLL-style top-level keys plus one section per component."""
 
@@ -365,6 +389,7 @@ class RunConfig:
     train: GRPOConfig = field(default_factory=GRPOConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.exp_name), "exp_name", self.exp_name, "must be non-empty")

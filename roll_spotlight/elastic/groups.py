@@ -96,6 +96,7 @@ class ElasticGroups:
         self.serving: dict[Member, Any] = {}  # member -> ObjectRef of its serve()
         self.finished: dict[Member, dict] = {}  # member -> counters of its last serve() that returned
         self.reports: list[RegroupReport] = []
+        self.requeued = 0  # leases of broken groups handed back to the queue
         self._generations = count()
         self._transfers = count()
 
@@ -175,7 +176,7 @@ class ElasticGroups:
             name = self.names.pop(group)
             if failed:
                 broken.append(name)
-                ray.get(self.queue.worker_lost.remote(name))
+                self.requeued += int(ray.get(self.queue.worker_lost.remote(name)))
         return tuple(broken)
 
     def _start(self, index: int, group: SPGroup, generation: int) -> str:
@@ -226,10 +227,15 @@ class ElasticGroups:
         """Stop every group after its lease in hand; the members' final counters."""
         import ray
 
+        from ray.exceptions import RayError
+
         for worker in self.workers.values():
             worker.stop.remote()
         for member, ref in list(self.serving.items()):
-            self.finished[member] = ray.get(ref, timeout=self.config.timeout_s)
+            try:
+                self.finished[member] = ray.get(ref, timeout=self.config.timeout_s)
+            except RayError:  # a member that died, or a survivor of its group
+                pass
         self.serving.clear()
         return {m: self.finished[m] for m in self.workers if m in self.finished}
 

@@ -116,14 +116,15 @@ class SpotlightPipeline(BasePipeline):
         when ``model.device`` is CUDA).
         """
         from roll_spotlight.models.source import policy_setup, policy_source
-        from roll_spotlight.runtime.spot_pool import start_training_pool
+        from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
         source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
+        elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source)
         return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
-                                   sp_degree=cfg.elastic.sp_degree, sp_timeout_s=cfg.elastic.group_timeout_s)
+                                   elastic=elastic)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.resource != SPOT_RESOURCE:

@@ -119,9 +119,10 @@ class ElasticConfig:
 
     ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
     Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
-    (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it,
-    and each spot node runs one group. It is also the degree `elastic.groups.ElasticGroups` re-forms
-    groups to after a preemption. ``group_timeout_s`` is how long a rollout SP
+    (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it.
+    The spot workers (``spot.gpus_per_node`` per node) are elastic SP members: `elastic.groups.
+    ElasticGroups` forms groups of up to this degree across nodes and re-forms them from the
+    survivors after a preemption. ``group_timeout_s`` is how long a rollout SP
     group's collectives wait for a member (long enough for a member to load a new weight version
     while the others wait); a member silent for longer fails its group.
     """
@@ -140,7 +141,8 @@ class ElasticConfig:
         if self.sp_degree == 1:
             return None
         return (f"elastic.sp_degree={self.sp_degree}: rollouts run in SP groups of {self.sp_degree} "
-                f"consecutive actor_infer ranks, and each spot node runs one group of {self.sp_degree} workers")
+                f"consecutive actor_infer ranks; spot workers (spot.gpus_per_node per node) form elastic SP groups "
+                f"of up to {self.sp_degree} that re-form after a preemption")
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,12 @@ class SpotlightSections:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
-        from roll_spotlight.runtime.sp_group import check_sp_degree
+        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
 
         check_sp_degree(self.model, self.elastic.sp_degree, key="elastic.sp_degree")  # Ulysses splits heads, tokens
+        if self.spot.enabled and self.elastic.sp_degree > 1:
+            check_spot_placement(self.spot.gpus_per_node, self.elastic.sp_degree, self.spot.max_workers,
+                                 degree_key="elastic.sp_degree")
         if self.spot.enabled and self.dispatch.mode != "pull":
             raise ValueError(f"spot.enabled needs dispatch.mode=pull (spot workers pull from the queue), "
                              f"got dispatch.mode={self.dispatch.mode!r}")

@@ -83,6 +83,15 @@ class RayClusterConfig:
 QUEUE_JOURNAL = "queue"  # <run_dir>/queue.state and <run_dir>/queue.log
 
 
+def queue_config(cfg: RunConfig):
+    """The run's queue: ``dispatch.pull_batch`` requests a pull, and with spot on no request is
+    given up for its kills (``SPOT_MAX_ATTEMPTS``)."""
+    from roll_spotlight.dispatch.queue import QueueConfig
+
+    attempts = {"max_attempts": SPOT_MAX_ATTEMPTS} if cfg.spot.enabled else {}
+    return QueueConfig(pull_batch=cfg.dispatch.pull_batch, **attempts)
+
+
 def fresh_queue_journal(run_dir: str | Path) -> Path:
     """The queue journal's base path in ``run_dir``, with a previous driver's journal removed.
 
@@ -146,17 +155,18 @@ class RayBackend:
                  run_dir: str | Path | None = None, spot_market=None, spot_clock: Callable[[], float] | None = None,
                  spot_worker_kwargs: Callable[[str], Mapping[str, object]] | None = None):
         from roll_spotlight.dispatch.actor import create_queue_actor
-        from roll_spotlight.dispatch.queue import QueueConfig
         from roll_spotlight.weights import WeightStore
 
         self.cluster = cluster or RayClusterConfig()
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
-            slots = 2 * cfg.spot.max_workers * self.cluster.sp_degree  # a node runs one SP group
+            slots = 2 * cfg.spot.max_workers * cfg.spot.gpus_per_node  # one worker per spot GPU
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=slots)
         if self.cluster.sp_degree > 1:
-            from roll_spotlight.runtime.sp_group import check_sp_degree
+            from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
 
             check_sp_degree(cfg.model, self.cluster.sp_degree)
+            if cfg.spot.enabled:
+                check_spot_placement(cfg.spot.gpus_per_node, self.cluster.sp_degree, cfg.spot.max_workers)
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
@@ -174,8 +184,7 @@ class RayBackend:
         self.weight_version = ray.get(self.trainer.weight_version.remote())
         # the journal creates run_dir: only once the trainer is up, so an earlier failure leaves none
         journal = fresh_queue_journal(run_dir) if run_dir is not None else None
-        self.queue = create_queue_actor(QueueConfig(max_attempts=SPOT_MAX_ATTEMPTS) if cfg.spot.enabled else None,
-                                        journal=journal)
+        self.queue = create_queue_actor(queue_config(cfg), journal=journal)
         self.workers = {}
         self.serving = {}
         self._rendezvous = None
@@ -188,12 +197,12 @@ class RayBackend:
             self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
 
     def _start_spot(self, cfg: RunConfig, market, clock, worker_kwargs):
-        from roll_spotlight.runtime.spot_pool import start_training_pool
+        from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
+        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, self._policy_path())
         return start_training_pool(cfg.spot, self._path, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
-                                   worker_kwargs=worker_kwargs, sp_degree=self.cluster.sp_degree,
-                                   sp_timeout_s=self.cluster.sp_timeout_s)
+                                   worker_kwargs=worker_kwargs, elastic=elastic)
 
     def _add_workers(self, prefix: str, resource: str, count: int) -> None:
         """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,
@@ -294,8 +303,9 @@ class RayBackend:
             scorer.add(i, prompts[i], images[i])
         return scorer.result(range(n))
 
-    def start_train(self, outputs, prompts, group_ids, rewards):
-        return self.trainer.train.remote(outputs, prompts, group_ids, rewards)
+    def start_train(self, outputs, prompts, group_ids, rewards, baselines=None):
+        """`baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
+        return self.trainer.train.remote(outputs, prompts, group_ids, rewards, baselines)
 
     def training(self, handle) -> bool:
         ready, _ = ray.wait([handle], timeout=0)
@@ -309,8 +319,8 @@ class RayBackend:
             metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
         return metrics
 
-    def train(self, outputs, prompts, group_ids, rewards) -> dict:
-        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards))
+    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+        return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))
 
     def evaluate(self):
         return ray.get(self.trainer.evaluate.remote())

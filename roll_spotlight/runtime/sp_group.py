@@ -27,13 +27,16 @@ Failure without notice: a member that dies blocks the others in the group's next
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
     from roll_spotlight.elastic.rendezvous import Rendezvous, RendezvousHost
 
-__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "group_memberships", "open_rendezvous"]
+__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "check_spot_placement", "elastic_groups_config",
+           "group_memberships", "open_rendezvous", "sp_shape"]
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,62 @@ class SPMembership:
             raise ValueError(f"SPMembership.timeout_s={self.timeout_s} must be > 0")
 
 
+def sp_shape(model_cfg, required: bool = True) -> tuple[int, int] | None:
+    """(attention heads, image tokens per request) that Ulysses must divide: the tiny preset's from
+    its config (2x2 pixels per token), Qwen-Image's from its transformer's config.json under
+    ``model.path`` (16x16 pixels per token: VAE 8, patch 2). A directory that is not there yet
+    (a recipe read before its model is) gives None unless ``required``."""
+    if model_cfg.preset == "tiny":
+        return model_cfg.num_attention_heads, (model_cfg.image_size // 2) ** 2
+    config = Path(model_cfg.path) / "transformer" / "config.json"
+    if not config.is_file() and not required:
+        return None
+    try:
+        heads = int(json.loads(config.read_text())["num_attention_heads"])
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"model.path: cannot read num_attention_heads from {config}: {err}") from err
+    return heads, (model_cfg.image_size // 16) ** 2
+
+
 def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> None:
     """Fail at start-up, naming ``key``, when Ulysses could not split the model ``degree`` ways:
-    the degree must divide the head count and the image-token count. Only the tiny preset's
-    shapes are known before a model loads; a real model is checked when its group forms."""
+    the degree must divide the head count and the image-token count (`sp_shape`; a real model
+    whose directory is not there yet is checked when its groups form)."""
     if degree < 1:
         raise ValueError(f"{key}={degree} must be >= 1")
-    if degree == 1 or model_cfg.preset != "tiny":
+    shape = sp_shape(model_cfg, required=False) if degree > 1 else None
+    if shape is None:
         return
-    tokens = (model_cfg.image_size // 2) ** 2  # the tiny preset packs 2x2 pixels per token
-    if model_cfg.num_attention_heads % degree or tokens % degree:
-        raise ValueError(f"{key}={degree} must divide model.num_attention_heads={model_cfg.num_attention_heads} "
-                         f"and the image-token count {tokens} (model.image_size={model_cfg.image_size})")
+    heads, tokens = shape
+    if heads % degree or tokens % degree:
+        where = (f"model.num_attention_heads={heads}" if model_cfg.preset == "tiny"
+                 else f"the {heads} attention heads of model.path's transformer")
+        raise ValueError(f"{key}={degree} must divide {where} and the image-token count {tokens} "
+                         f"(model.image_size={model_cfg.image_size})")
+
+
+def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int,
+                         degree_key: str = "runtime.sp_degree") -> None:
+    """Fail at start-up, naming both keys, when SP groups of ``degree`` cannot tile spot nodes of
+    ``gpus_per_node`` GPUs: a group fills whole nodes or a node holds whole groups, and the pool's
+    ``max_nodes`` nodes hold at least one group."""
+    if gpus_per_node < 1:
+        raise ValueError(f"spot.gpus_per_node={gpus_per_node} must be >= 1")
+    if gpus_per_node % degree and degree % gpus_per_node:
+        raise ValueError(f"spot.gpus_per_node={gpus_per_node} does not fit {degree_key}={degree}: one must divide "
+                         f"the other (a group spans whole nodes, or a node holds whole groups)")
+    if gpus_per_node * max_nodes < degree:
+        raise ValueError(f"spot.max_workers={max_nodes} nodes x spot.gpus_per_node={gpus_per_node} GPUs cannot "
+                         f"hold one SP group of {degree_key}={degree}")
+
+
+def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot"):
+    """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model."""
+    from roll_spotlight.elastic.groups import ElasticGroupsConfig
+
+    heads, tokens = sp_shape(model_cfg)
+    return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
+                               cuda=cuda, name=name)
 
 
 def open_rendezvous(all_local: bool) -> "RendezvousHost":

@@ -44,41 +44,58 @@ _TRUE = frozenset({"1", "true", "yes", "spot"})
 
 
 class RayWorkerLauncher:
-    """Spot ``RolloutWorker`` actors on Ray. Each asks for one unit of ``resource``; with
-    ``node_affinity`` it is pinned to the node the event names (a real cluster, node ids in hex).
-    ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments per node (tests inject
-    ``hold_at_step`` on one node this way). ``policy_path`` is what workers load
-    (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
+    """Spot ``RolloutWorker`` actors on Ray, ``gpus_per_node`` per spot node. Each asks for one
+    unit of ``resource``; with ``node_affinity`` it is pinned to the node the event names (a real
+    cluster, node ids in hex). ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments
+    per node (tests inject ``hold_at_step`` on one node this way). ``policy_path`` is what workers
+    load (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
     node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request).
 
-    ``sp_degree`` > 1: a node gets an SP rollout group (``runtime.sp_group``) of that many workers
-    instead of one; the group is one worker to the pool and the queue (its leader's name), a
-    notice goes to every member, and a kill or a member's death ends the whole group (it cannot
-    run without that member; a notice would have committed its lease first)."""
+    The pool's unit is a node (``name``); its workers are ``name`` and ``name/g1`` ... A node's
+    workers are the members ``(node_id, gpu)`` of elastic SP:
+
+    - ``elastic`` None (SP degree 1): each worker serves alone under its own name.
+    - ``elastic`` given: an `elastic.groups.ElasticGroups` owns the members and forms SP groups
+      across nodes as its planner says. A node's workers join once all of them loaded their policy
+      (:meth:`advance`, called by the pool on every poll, so a slow load never blocks the pool);
+      a notice makes their groups commit and the survivors re-form at once (``regroup(lost=)``);
+      a kill without notice, or a member's own death, breaks its groups, whose leases the regroup
+      hands back to the queue. ``regroups`` lists every `RegroupReport`.
+    """
 
     def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
                  commit_every: int = 0, node_affinity: bool = False, probe_timeout_s: float = 2.0,
-                 stop_timeout_s: float = 60.0, sp_degree: int = 1, sp_timeout_s: float = 60.0,
+                 stop_timeout_s: float = 60.0, gpus_per_node: int = 1, elastic=None,
                  worker_kwargs: Callable[[str], Mapping[str, object]] | None = None) -> None:
         if commit_every < 0:
             raise ValueError(f"commit_every must be >= 0, got {commit_every!r}")
-        if sp_degree < 1:
-            raise ValueError(f"sp_degree must be >= 1, got {sp_degree!r}")
-        self.sp_degree, self.sp_timeout_s = sp_degree, sp_timeout_s
-        self.followers: dict[str, list] = {}  # group name -> its other members' handles
-        self._follower_serving: dict[str, list] = {}
-        self._rendezvous = None
-        self._groups_started = 0
+        if gpus_per_node < 1:
+            raise ValueError(f"spot.gpus_per_node must be >= 1, got {gpus_per_node!r}")
         self.policy_path, self.queue, self.store = policy_path, queue, store
         self.resource, self.threads, self.commit_every = resource, threads, commit_every
-        self.node_affinity = node_affinity
+        self.node_affinity, self.gpus_per_node = node_affinity, gpus_per_node
         self.probe_timeout_s, self.stop_timeout_s = probe_timeout_s, stop_timeout_s
         self.worker_kwargs = worker_kwargs or (lambda node_id: {})
-        self.workers: dict[str, object] = {}
-        self._serving: dict[str, object] = {}  # name -> ObjectRef of serve()
-        self._ready: dict[str, list] = {}  # name -> ObjectRefs that resolve once its actors' __init__ ran
-        self.finished: dict[str, dict] = {}  # name -> counters of a serve() that returned
-        self.timelines: dict[str, list[dict]] = {}  # name -> phases of a worker that is gone
+        self.elastic_config = elastic
+        self.groups = None  # ElasticGroups, opened with the first node of an elastic launcher
+        self._rendezvous = None
+        self.nodes: dict[str, list[str]] = {}  # pool name -> its workers' names
+        self.workers: dict[str, object] = {}  # worker name -> handle
+        self.members: dict[str, tuple[str, int]] = {}  # worker name -> (node id, gpu)
+        self._serving: dict[str, object] = {}  # worker name -> ObjectRef of its solo serve()
+        self._ready: dict[str, object] = {}  # worker name -> ObjectRef resolved once __init__ ran
+        self._pending: list[str] = []  # elastic nodes started but not yet in a group
+        self._requeued: dict[str, int] = {}  # pool name -> leases its loss handed back
+        self.finished: dict[str, dict] = {}  # worker name -> counters of a serve() that returned
+        self.timelines: dict[str, list[dict]] = {}  # worker name -> phases of a worker that is gone
+
+    @property
+    def elastic(self) -> bool:
+        return self.elastic_config is not None
+
+    @property
+    def regroups(self) -> list:
+        return [] if self.groups is None else self.groups.reports
 
     def start(self, name: str, node_id: str) -> None:
         from roll_spotlight.models.source import worker_gpus
@@ -89,54 +106,68 @@ class RayWorkerLauncher:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        members = [{}]
-        if self.sp_degree > 1:
-            from roll_spotlight.runtime.sp_group import group_memberships
+        names = [name if gpu == 0 else f"{name}/g{gpu}" for gpu in range(self.gpus_per_node)]
+        self.nodes[name] = names
+        for gpu, worker in enumerate(names):
+            handle = RolloutWorker.options(**options).remote(
+                worker, self.policy_path, self.queue, self.store, threads=self.threads,
+                commit_every=self.commit_every, **self.worker_kwargs(node_id))
+            self.workers[worker], self.members[worker] = handle, (node_id, gpu)
+            self._ready[worker] = handle.stats.remote()
+            if not self.elastic:
+                self._serving[worker] = handle.serve.remote()
+        if self.elastic:
+            self._pending.append(name)
 
-            self._groups_started += 1  # a fresh prefix per group: a restarted node never meets old keys
-            members = [{"sp": m, "group_name": name} for m in group_memberships(
-                self._rendezvous_address(), f"{name}#{self._groups_started}", self.sp_degree, self.sp_timeout_s)]
-        handles = [RolloutWorker.options(**options).remote(
-            name if rank == 0 else f"{name}/sp{rank}", self.policy_path, self.queue, self.store, threads=self.threads,
-            commit_every=self.commit_every, **self.worker_kwargs(node_id), **extra)
-            for rank, extra in enumerate(members)]
-        worker = handles[0]
-        self.workers[name] = worker
-        self._ready[name] = [h.stats.remote() for h in handles]
-        self._serving[name] = worker.serve.remote()
-        if len(handles) > 1:
-            self.followers[name] = handles[1:]
-            self._follower_serving[name] = [h.serve.remote() for h in handles[1:]]
+    def advance(self) -> None:
+        """Admit every started node whose workers have all loaded their policy into the groups
+        (one regroup for all of them); nothing to do without elastic SP."""
+        import ray
 
-    def _rendezvous_address(self):
-        if self._rendezvous is None:
+        ready = []
+        for name in self._pending:
+            refs = [self._ready[w] for w in self.nodes[name]]
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if len(done) == len(refs):
+                ready.append(name)
+        if ready:
+            self._pending = [n for n in self._pending if n not in ready]
+            newcomers = {self.members[w]: self.workers[w] for n in ready for w in self.nodes[n]}
+            self._elastic_groups().regroup(newcomers=newcomers)
+
+    def _elastic_groups(self):
+        if self.groups is None:
+            from roll_spotlight.elastic.groups import ElasticGroups
             from roll_spotlight.runtime.sp_group import open_rendezvous
 
             # loopback unless the workers may sit on other hosts (a real cluster's spot nodes)
             self._rendezvous = open_rendezvous(all_local=not self.node_affinity)
-        return self._rendezvous.address
+            self.groups = ElasticGroups(self.elastic_config, self._rendezvous, self.queue)
+        return self.groups
 
-    def _end_group(self, name: str) -> None:
-        """Kill a group's other members (its leader is handled by the caller)."""
-        import ray
-
-        for handle in self.followers.pop(name, []):
-            ray.kill(handle, no_restart=True)
-        self._follower_serving.pop(name, None)
+    def _grouped(self, name: str) -> list[tuple[str, int]]:
+        """The node's members the groups still hold."""
+        table = self.groups.workers if self.groups is not None else {}
+        return [self.members[w] for w in self.nodes.get(name, []) if self.members[w] in table]
 
     def wait_ready(self, timeout_s: float) -> bool:
-        """Block until every started worker has loaded its policy; False on timeout."""
+        """Block until every started worker has loaded its policy (and, with elastic SP, joined
+        its group); False on timeout."""
         import ray
 
-        refs = [ref for group in self._ready.values() for ref in group]
+        refs = list(self._ready.values())
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if self.elastic:
+            self.advance()
         return len(ready) == len(refs)
 
     def wait_stopped(self, name: str, timeout_s: float) -> dict | None:
-        """The worker's counters once its ``serve()`` returned (after a notice or a stop), or None
-        if it is still serving after ``timeout_s``."""
+        """The node's first worker's counters once its ``serve()`` returned (after a notice or a
+        stop), or None if it is still serving after ``timeout_s``."""
         import ray
 
+        if self.elastic:
+            return self.groups.finished.get(self.members[name]) if self.groups is not None else None
         if name not in self.finished:
             done, _ = ray.wait([self._serving[name]], timeout=timeout_s)
             if not done:
@@ -145,34 +176,64 @@ class RayWorkerLauncher:
         return self.finished[name]
 
     def notify(self, name: str, seconds_left: float) -> None:
-        for worker in [self.workers[name], *self.followers.get(name, [])]:
-            worker.notify_preemption.remote(seconds_left)
+        if name in self._pending:  # never joined a group: nothing in flight
+            self._pending.remove(name)
+        if not self.elastic:
+            for worker in self.nodes[name]:
+                self.workers[worker].notify_preemption.remote(seconds_left)
+            return
+        lost = self._grouped(name)
+        if lost:
+            self.groups.notice(lost, seconds_left)  # their groups commit after the step in hand
+            self.groups.regroup(lost=lost)  # and the survivors re-form at once
 
     def kill(self, name: str) -> int:
         import ray
 
-        worker = self.workers.pop(name)
-        unsaved = self._unsaved_steps(name, worker)
-        self._keep_timeline(name, worker, "preempted")
-        ray.kill(worker, no_restart=True)
-        self._end_group(name)
-        self._serving.pop(name, None)
-        self._ready.pop(name, None)
+        unsaved = self._unsaved_steps(name)
+        for worker in self.nodes[name]:
+            handle = self.workers.pop(worker, None)
+            self._keep_timeline(worker, handle, "preempted")
+            if handle is not None:
+                ray.kill(handle, no_restart=True)
+            self._serving.pop(worker, None)
+            self._ready.pop(worker, None)
+        self._lose(name)
         return unsaved
 
-    def _unsaved_steps(self, name: str, worker) -> int:
-        """What the worker would lose if killed now; 0 when it is still starting or already dead."""
+    def _lose(self, name: str) -> None:
+        """Elastic SP: the node's members leave the groups; a group it broke hands its lease back."""
+        if name in self._pending:
+            self._pending.remove(name)
+        lost = self._grouped(name) if self.elastic else []
+        if lost:
+            before = self.groups.requeued
+            self.groups.regroup(lost=lost)
+            self._requeued[name] = self._requeued.get(name, 0) + self.groups.requeued - before
+
+    def _unsaved_steps(self, name: str) -> int:
+        """What the node's workers would lose if killed now (a group's lease counted once, by its
+        leader); 0 for a worker still starting or already dead."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        refs = self._ready[name]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if len(ready) < len(refs):
-            return 0
-        try:
-            return int(ray.get(worker.unsaved_steps.remote(), timeout=self.probe_timeout_s))
-        except (RayActorError, GetTimeoutError):
-            return 0
+        total = 0
+        for worker in self.nodes[name]:
+            handle, ref = self.workers.get(worker), self._ready.get(worker)
+            if handle is None or ref is None or not ray.wait([ref], timeout=0)[0]:
+                continue
+            if self.elastic and not self._leads_a_group(self.members[worker]):
+                continue
+            try:
+                total += int(ray.get(handle.unsaved_steps.remote(), timeout=self.probe_timeout_s))
+            except (RayActorError, GetTimeoutError):
+                pass
+        return total
+
+    def _leads_a_group(self, member) -> bool:
+        plan = self.groups.plan if self.groups is not None else None
+        group = plan.group_of(member) if plan is not None else None
+        return group is not None and group.members[0] == member
 
     def _keep_timeline(self, name: str, worker, end: str) -> None:
         """The worker's phases read before it goes (a killed actor's timeline goes with it), plus
@@ -190,78 +251,93 @@ class RayWorkerLauncher:
         self.timelines[name] = events + [{"worker": name, "phase": end, "start": now, "end": now}]
 
     def requeue(self, name: str) -> int:
+        """Leases the node's loss handed back to the queue: its workers' own (solo), or those of
+        the groups it broke (elastic; the regroup of its loss requeued them)."""
         import ray
 
-        return int(ray.get(self.queue.worker_lost.remote(name)))
+        if self.elastic:
+            self._lose(name)  # a node whose actor died on its own is lost here
+            return self._requeued.pop(name, 0)
+        return sum(int(ray.get(self.queue.worker_lost.remote(w))) for w in self.nodes[name])
 
     def dead(self) -> list[str]:
-        """Workers whose ``serve()`` ended with the actor dead (not a notice or a stop); for an SP
-        group, also a group one of whose members died (the rest of it is killed: it cannot go on)."""
+        """Nodes one of whose workers died on its own (not a notice or a stop); the node's other
+        workers are ended too (the pool counts the node as gone)."""
+        died = self._dead_elastic() if self.elastic else self._dead_solo()
+        for name in died:
+            self._keep_timeline(name, None, "died")
+            self._end_node(name)
+        return died
+
+    def _dead_solo(self) -> list[str]:
         import ray
         from ray.exceptions import RayActorError, RayError
 
-        refs = {ref: name for name, ref in self._serving.items()}
+        refs = {ref: worker for worker, ref in self._serving.items()}
         if not refs:
             return []
         done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
         died = []
         for ref in done:
-            name = refs[ref]
-            del self._serving[name]
+            worker = refs[ref]
+            del self._serving[worker]
             try:
-                self.finished[name] = ray.get(ref)
-            except RayError as err:  # RayActorError: the actor died; else serve() raised
-                if not isinstance(err, RayActorError) and name not in self.followers:
-                    raise  # a solo worker's serve() failing is a bug, not a preemption
-                died.append(name)
-                self._keep_timeline(name, None, "died")
-                self._drop_group(name)
-        for name in [n for n in self._follower_serving if n in self._serving]:
-            if self._member_died(self._follower_serving[name]):
-                died.append(name)
-                self._serving.pop(name, None)
-                self._drop_group(name)
-        return died
+                self.finished[worker] = ray.get(ref)
+            except RayActorError:
+                died.append(self._node_of(worker))
+            except RayError:
+                raise  # a solo worker's serve() failing is a bug, not a preemption
+        return sorted(set(died))
 
-    @staticmethod
-    def _member_died(refs: list) -> bool:
+    def _dead_elastic(self) -> list[str]:
         import ray
-        from ray.exceptions import RayError
+        from ray.exceptions import RayActorError, RayError
 
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if self.groups is None or not self.groups.serving:
+            return []
+        refs = {ref: member for member, ref in self.groups.serving.items()}
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        by_member = {m: w for w, m in self.members.items()}
+        died = set()
         for ref in done:
             try:
                 ray.get(ref)
+            except RayActorError:  # this member's process is gone; a peer's serve() raises RayError
+                died.add(self._node_of(by_member[refs[ref]]))
             except RayError:
-                return True
-        return False
+                pass  # a survivor of a broken group: the dead member's regroup re-forms it
+        return sorted(died)
 
-    def _drop_group(self, name: str) -> None:
+    def _node_of(self, worker: str) -> str:
+        return worker.split("/g", 1)[0]
+
+    def _end_node(self, name: str) -> None:
         import ray
 
-        worker = self.workers.pop(name, None)
-        if worker is not None and name in self.followers:
-            ray.kill(worker, no_restart=True)  # a leader left waiting on a dead member
-        self._end_group(name)
-        self._ready.pop(name, None)
+        for worker in self.nodes.get(name, []):
+            handle = self.workers.pop(worker, None)
+            if handle is not None:
+                ray.kill(handle, no_restart=True)
+            self._serving.pop(worker, None)
+            self._ready.pop(worker, None)
 
     def stop_all(self) -> None:
         """Ask every worker to stop after its lease, wait for that, then end the actors."""
         import ray
 
-        members = [*self.workers.values(), *(h for group in self.followers.values() for h in group)]
-        for worker in members:
+        if self.groups is not None:
+            self.groups.stop()
+        for worker in self.workers.values():
             worker.stop.remote()
-        refs = [*self._serving.values(), *(r for group in self._follower_serving.values() for r in group)]
+        refs = list(self._serving.values())
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=self.stop_timeout_s)
-        for worker in members:
+        for worker in self.workers.values():
             ray.kill(worker, no_restart=True)
         self.workers.clear()
-        self.followers.clear()
-        self._follower_serving.clear()
         self._serving.clear()
         self._ready.clear()
+        self._pending.clear()
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None

@@ -165,7 +165,8 @@ class TrainingSpotPool:
             "spot/duplicate_completions": self.duplicate_completions,
             "spot/late_completions_rejected": queue.duplicate_completions,
         }
-        return counters | cost_metrics(self.cost(), self.bill_scale)
+        return counters | regroup_metrics(getattr(self.pool.launcher, "regroups", [])) \
+            | cost_metrics(self.cost(), self.bill_scale)
 
     def close(self) -> CostReport:
         """Stop every spot worker and all billing; returns the run's final cost."""
@@ -178,6 +179,23 @@ class TrainingSpotPool:
         if ONDEMAND_BILLING in self.ledger.open_nodes:
             self.ledger.stop(ONDEMAND_BILLING, now * self.bill_scale)
         return self.ledger.report()
+
+
+def regroup_metrics(reports) -> dict[str, float]:
+    """Elastic SP counters from the launcher's `RegroupReport`s: regroups after a loss and after
+    arrivals, newcomers' weight copies by source, groups broken without notice, and the time lost
+    per preemption (a loss's regroup, from the decision to the new groups serving: what the
+    members of the groups it broke stand idle; the committed step in hand is not lost)."""
+    lost = [r for r in reports if r.lost]
+    out = {"spot/regroups": float(len(reports)), "spot/regroups_after_loss": float(len(lost)),
+           "spot/groups_broken": float(sum(len(r.broken) for r in reports)),
+           "spot/regroup_s_per_loss": float(sum(r.seconds for r in lost) / len(lost)) if lost else 0.0,
+           "spot/regroup_s_max": float(max((r.seconds for r in reports), default=0.0))}
+    for report in reports:
+        for source in report.sources.values():
+            key = f"spot/newcomer_weights_{source.value}"
+            out[key] = out.get(key, 0.0) + 1.0
+    return out
 
 
 def cost_metrics(report: CostReport, bill_scale: float) -> dict[str, float]:
@@ -197,28 +215,36 @@ def wall_clock() -> Callable[[], float]:
     return lambda: time.monotonic() - t0
 
 
+def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path):
+    """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
+    if degree == 1:
+        return None
+    from roll_spotlight.models.source import worker_gpus
+    from roll_spotlight.runtime.sp_group import elastic_groups_config
+
+    return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0)
+
+
 def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                        ready_timeout_s: float = 120.0, sp_degree: int = 1,
-                        sp_timeout_s: float = 60.0) -> TrainingSpotPool:
+                        ready_timeout_s: float = 120.0, elastic=None) -> TrainingSpotPool:
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
     failure injection); by default the market comes from ``spot`` and the clock is the wall.
     With ``spot.source: cluster`` the pool follows the Ray cluster's own spot nodes instead (see
-    ``start_cluster_pool``). ``sp_degree`` > 1: each node runs one SP rollout group of that many
-    workers (``RayWorkerLauncher``)."""
+    ``start_cluster_pool``). Each node runs ``spot.gpus_per_node`` workers; ``elastic`` (an
+    `ElasticGroupsConfig`, for SP degree > 1) makes them elastic SP members (``RayWorkerLauncher``)."""
     if spot.source == "cluster" and market is None:
         return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
-                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, sp_degree=sp_degree,
-                                  sp_timeout_s=sp_timeout_s)
+                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, elastic=elastic)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 worker_kwargs=worker_kwargs, sp_degree=sp_degree, sp_timeout_s=sp_timeout_s)
+                                 worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node, elastic=elastic)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
-                           SpotPoolConfig(bill_scale=market.config.compression))
+                           SpotPoolConfig(bill_scale=market.config.compression, gpus_per_node=spot.gpus_per_node))
     pool.poll(0.0)
     if not launcher.wait_ready(ready_timeout_s):
         log.warning("spot workers of the initial fleet were not ready after %.0f s; training goes on", ready_timeout_s)
@@ -237,8 +263,7 @@ def cluster_prices(spot: SpotConfig) -> PriceTable:
 def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                        source: EventSource | None = None,
                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                       ready_timeout_s: float = 120.0, sp_degree: int = 1,
-                       sp_timeout_s: float = 60.0) -> TrainingSpotPool:
+                       ready_timeout_s: float = 120.0, elastic=None) -> TrainingSpotPool:
     """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
     ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
     for) into events; each such node gets one worker pinned to it (node affinity); a preemption
@@ -246,10 +271,10 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
     ``source`` replaces the watcher (tests)."""
     ledger = CostLedger(cluster_prices(spot))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 node_affinity=True, worker_kwargs=worker_kwargs, sp_degree=sp_degree,
-                                 sp_timeout_s=sp_timeout_s)
+                                 node_affinity=True, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
+                                 elastic=elastic)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
-                           SpotPoolConfig(bill_scale=1.0))
+                           SpotPoolConfig(bill_scale=1.0, gpus_per_node=spot.gpus_per_node))
     pool.poll(0.0)
     if not launcher.wait_ready(ready_timeout_s):
         log.warning("spot workers on the cluster's spot nodes were not ready after %.0f s; training goes on",

@@ -56,13 +56,15 @@ class SpotPoolConfig:
     """``no_notice``: ignore every NOTICE (a plain kill at NODE_DOWN). ``min_notice_s``: a NOTICE
     with no more time left than this is ignored too (it cannot be met). ``unknown_notice_s``: the
     time left told to a worker when the source knows no deadline. ``bill_scale``: ledger seconds
-    per pool-clock second. ``name_prefix``: worker names are ``<prefix>-<node id>``."""
+    per pool-clock second. ``name_prefix``: worker names are ``<prefix>-<node id>``.
+    ``gpus_per_node``: GPUs billed per node (the launcher runs one worker per GPU)."""
 
     no_notice: bool = False
     min_notice_s: float = 0.0
     unknown_notice_s: float = 30.0
     bill_scale: float = 1.0
     name_prefix: str = "spot"
+    gpus_per_node: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.min_notice_s) and self.min_notice_s >= 0):
@@ -73,6 +75,8 @@ class SpotPoolConfig:
             raise ValueError(f"spot_pool.bill_scale must be finite and > 0, got {self.bill_scale!r}")
         if not self.name_prefix:
             raise ValueError("spot_pool.name_prefix must be a non-empty string")
+        if self.gpus_per_node < 1:
+            raise ValueError(f"spot.gpus_per_node must be >= 1, got {self.gpus_per_node!r}")
 
 
 class NodeState(enum.Enum):
@@ -137,6 +141,7 @@ class WorkerLauncher(Protocol):
     def kill(self, name: str) -> int: ...  # steps the worker had not handed to the queue
     def requeue(self, name: str) -> int: ...  # queue.worker_lost(name): leases returned
     def dead(self) -> list[str]: ...  # workers whose actor died on its own since the last call
+    def advance(self) -> None: ...  # work due on every poll (elastic SP: admit nodes that loaded)
     def stop_all(self) -> None: ...
 
 
@@ -190,12 +195,14 @@ class ElasticSpotPool:
         return worker in self._by_worker
 
     def poll(self, now: float) -> list[MarketEvent]:
-        """Handle actor deaths, then apply every event due by ``now``; returns those events."""
+        """Handle actor deaths, apply every event due by ``now``, then let the launcher advance
+        (admit started nodes); returns the events."""
         for worker in self.launcher.dead():
             self._actor_died(worker, now)
         events = self.source.due(now)
         for event in events:
             self.apply(event, now)
+        self.launcher.advance()
         return events
 
     def apply(self, event: MarketEvent, now: float) -> None:
@@ -226,7 +233,8 @@ class ElasticSpotPool:
         self.nodes[event.node_id], self._by_worker[worker] = node, event.node_id
         self.launcher.start(worker, event.node_id)
         if self.ledger is not None:
-            self.ledger.start(event.node_id, _spot_pool_name(event.zone), event.time_s * self.config.bill_scale)
+            self.ledger.start(event.node_id, _spot_pool_name(event.zone), event.time_s * self.config.bill_scale,
+                              gpus=self.config.gpus_per_node)
         self.stats.nodes_up += 1
 
     def _notice(self, event: MarketEvent, now: float) -> None:
