@@ -62,6 +62,10 @@ def test_arguments_become_a_validated_config():
         ReplayConfig(speedup=0.0)
     with pytest.raises(ValueError, match="replay.commit_every"):
         ReplayConfig(commit_every=-1)
+    with pytest.raises(ValueError, match="--gpus-per-node=3 does not fit --sp-degree=2"):
+        ReplayConfig(gpus_per_node=3, sp_degree=2)
+    with pytest.raises(ValueError, match="--sp-degree=3 must divide model.num_attention_heads=4"):
+        ReplayConfig(sp_degree=3)
 
 
 def test_bad_input_exits_2(capsys):
@@ -85,15 +89,18 @@ def test_failed_checks_name_the_nonzero_correctness_counters():
 @pytest.mark.ray
 @pytest.mark.slow
 def test_few_second_replay_with_notice_loses_nothing_and_matches_bit_for_bit(capsys):
-    # synthetic trace, one spot node: notified at 1.7 s, reclaimed at 3.7 s (12.4 trace minutes)
-    code = main(["--duration", "5", "--speedup", "200", "--cap-nodes", "1", "--notice-s", "2",
-                 "--num-steps", "6", "--drain-timeout", "60", "--json"])
+    # synthetic trace, one spot node of 2 GPUs running an SP 2 group: notified at 1.7 s,
+    # reclaimed at 3.7 s (12.4 trace minutes)
+    code = main(["--duration", "5", "--speedup", "200", "--cap-nodes", "1", "--gpus-per-node", "2", "--sp-degree",
+                 "2", "--notice-s", "2", "--num-steps", "6", "--drain-timeout", "60", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["kind"] == "measured" and report["simulated_minutes"] == pytest.approx(1000 / 60)
     assert report["requests_completed"] == report["requests_submitted"] > 0
     assert report["completed_on_spot"] > 0 and report["completed_on_ondemand"] > 0
     assert report["preemptions"] == report["notices"] == 1
+    assert (report["gpus_per_node"], report["sp_degree"], report["regroups_after_loss"]) == (2, 2, 1)
+    assert report["newcomer_weights_storage"] == 1 and report["newcomer_weights_same_node_peer"] == 1
     for key in ("requests_lost", "duplicate_completions", "mismatched_outputs", "denoise_steps_lost"):
         assert report[key] == 0, key
     assert report["cost"]["savings_fraction"] > 0

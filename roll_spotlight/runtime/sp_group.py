@@ -91,18 +91,18 @@ def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> N
                          f"(model.image_size={model_cfg.image_size})")
 
 
-def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int,
-                         degree_key: str = "runtime.sp_degree") -> None:
-    """Fail at start-up, naming both keys, when SP groups of ``degree`` cannot tile spot nodes of
+def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int, degree_key: str = "runtime.sp_degree",
+                         gpus_key: str = "spot.gpus_per_node", nodes_key: str = "spot.max_workers") -> None:
+    """Fail at start-up, naming the keys, when SP groups of ``degree`` cannot tile spot nodes of
     ``gpus_per_node`` GPUs: a group fills whole nodes or a node holds whole groups, and the pool's
     ``max_nodes`` nodes hold at least one group."""
     if gpus_per_node < 1:
-        raise ValueError(f"spot.gpus_per_node={gpus_per_node} must be >= 1")
+        raise ValueError(f"{gpus_key}={gpus_per_node} must be >= 1")
     if gpus_per_node % degree and degree % gpus_per_node:
-        raise ValueError(f"spot.gpus_per_node={gpus_per_node} does not fit {degree_key}={degree}: one must divide "
+        raise ValueError(f"{gpus_key}={gpus_per_node} does not fit {degree_key}={degree}: one must divide "
                          f"the other (a group spans whole nodes, or a node holds whole groups)")
     if gpus_per_node * max_nodes < degree:
-        raise ValueError(f"spot.max_workers={max_nodes} nodes x spot.gpus_per_node={gpus_per_node} GPUs cannot "
+        raise ValueError(f"{nodes_key}={max_nodes} nodes x {gpus_key}={gpus_per_node} GPUs cannot "
                          f"hold one SP group of {degree_key}={degree}")
 
 

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
                                         MarketConfig, SpotMarket)
 from roll_spotlight.spot.traces import Trace, load_trace
@@ -68,6 +69,9 @@ from roll_spotlight.spot.traces import Trace, load_trace
 log = logging.getLogger(__name__)
 
 AUTO_LEAD_S = 600.0
+# the replay's random-init policy: the test-sized architecture (4 heads, 64 image tokens)
+TINY_MODEL = ModelConfig(image_size=16, num_layers=1, attention_head_dim=16, axes_dims_rope=(4, 6, 6),
+                         joint_attention_dim=32)
 ONDEMAND_WORKER = "ondemand-0"
 
 
@@ -83,6 +87,8 @@ class ReplayConfig:
     victims: str = "newest_first"
     count_model: str = "instances"
     cap_nodes: int = 4
+    gpus_per_node: int = 1
+    sp_degree: int = 1
     no_notice: bool = False
     notice_s: float | None = None
     commit_every: int = 0
@@ -107,6 +113,11 @@ class ReplayConfig:
         for key, low in (("cap_nodes", 1), ("commit_every", 0), ("num_steps", 1), ("backlog", 1)):
             if getattr(self, key) < low:
                 raise ValueError(f"replay.{key} must be >= {low}, got {getattr(self, key)!r}")
+        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
+
+        check_sp_degree(TINY_MODEL, self.sp_degree, key="--sp-degree")
+        check_spot_placement(self.gpus_per_node, self.sp_degree, self.cap_nodes, degree_key="--sp-degree",
+                             gpus_key="--gpus-per-node", nodes_key="--cap-nodes")
         if self.victims not in VICTIM_RULES:
             raise ValueError(f"replay.victims must be one of {list(VICTIM_RULES)}, got {self.victims!r}")
         if self.count_model not in COUNT_MODELS:
@@ -239,7 +250,8 @@ class _Runtime:
         from roll_spotlight.weights import WeightStore
 
         self.started_ray = not ray.is_initialized()
-        init_ray(RayClusterConfig(address=cfg.address, num_cpus=2, ondemand_workers=1, spot_workers=2 * cfg.cap_nodes))
+        init_ray(RayClusterConfig(address=cfg.address, num_cpus=2, ondemand_workers=1,
+                                  spot_workers=2 * cfg.cap_nodes * cfg.gpus_per_node))
         self.policy_path = str(policy_dir / "policy.pt")
         policy = _save_tiny_policy(self.policy_path, cfg.seed)
         self.queue = create_queue_actor(QueueConfig(lease_s=cfg.lease_s, max_attempts=1_000_000))
@@ -273,14 +285,12 @@ def _save_tiny_policy(path: str, seed: int):
     """A random-init tiny policy (the test-sized architecture), saved where workers load it."""
     import torch
 
-    from roll_spotlight.models import ModelConfig, build_policy, save_policy
+    from roll_spotlight.models import build_policy, save_policy
     from roll_spotlight.config.run import TaskConfig
     from roll_spotlight.training.tasks import task_vocab
 
     torch.manual_seed(seed)
-    config = ModelConfig(image_size=16, num_layers=1, attention_head_dim=16, axes_dims_rope=(4, 6, 6),
-                         joint_attention_dim=32)
-    policy = build_policy(config, vocab=task_vocab(TaskConfig()))
+    policy = build_policy(TINY_MODEL, vocab=task_vocab(TaskConfig()))
     save_policy(policy, path)
     return policy
 
@@ -390,11 +400,15 @@ def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, st
     import ray
 
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+    from roll_spotlight.runtime.spot_pool import spot_elastic
     from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
 
-    launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every)
+    elastic = spot_elastic(TINY_MODEL, cfg.sp_degree, cfg.lease_s, rt.policy_path)
+    launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every,
+                                 gpus_per_node=cfg.gpus_per_node, elastic=elastic)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
-                           SpotPoolConfig(no_notice=cfg.no_notice, bill_scale=cfg.speedup))
+                           SpotPoolConfig(no_notice=cfg.no_notice, bill_scale=cfg.speedup,
+                                          gpus_per_node=cfg.gpus_per_node))
     pool.poll(0.0)  # the window's initial fleet: up before the clock starts (steady state)
     rt.wait_ready()
     launcher.wait_ready(timeout_s=120.0)
@@ -415,8 +429,11 @@ def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, st
 
 
 def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing) -> dict:
+    from roll_spotlight.runtime.spot_pool import regroup_metrics
+
     results, pool, queue_stats = live.results, live.pool, live.queue_stats
     completions = results.completions.values()
+    regroups = {k.removeprefix("spot/"): v for k, v in regroup_metrics(pool.launcher.regroups).items()}
     return {
         "kind": "measured",
         "trace": trace.name,
@@ -450,6 +467,9 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
         "checkpoints": queue_stats.checkpoints,
         "lease_expirations": queue_stats.expirations,
         "denoise_steps_lost": pool.stats.steps_lost,
+        "gpus_per_node": cfg.gpus_per_node,
+        "sp_degree": cfg.sp_degree,
+        **regroups,
         "max_poll_gap_s": results.max_poll_gap_s,
         "mismatched_outputs": mismatches[0],
         "mismatched_resumed_outputs": mismatches[1],
@@ -475,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
                    help="count traces: each spot node is one of the group's instances, or the count is a capacity")
     p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
+    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="rollout workers (GPUs) per spot node")
+    p.add_argument("--sp-degree", type=int, default=d.sp_degree,
+                   help="SP degree of the spot workers' elastic groups (1: solo workers)")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
     p.add_argument("--notice-s", type=float, default=None,
                    help=f"notice in wall seconds; omitted: provider notice / speedup, at least {MIN_NOTICE_S}")
@@ -495,7 +518,7 @@ def config_from_args(args: argparse.Namespace) -> ReplayConfig:
     zones = tuple(z.strip() for z in args.zones.split(",") if z.strip()) if args.zones else None
     return ReplayConfig(trace=args.trace, speedup=args.speedup, duration_s=args.duration, start_s=start, zones=zones,
                         victims=args.victims, count_model=args.count_model, cap_nodes=args.cap_nodes,
-                        no_notice=args.no_notice,
+                        gpus_per_node=args.gpus_per_node, sp_degree=args.sp_degree, no_notice=args.no_notice,
                         notice_s=args.notice_s, commit_every=args.commit_every, num_steps=args.num_steps,
                         backlog=args.backlog, drain_timeout_s=args.drain_timeout, seed=args.seed,
                         address=args.address)

@@ -61,6 +61,8 @@ class SoakConfig:
     minutes: float = 1.0
     speedup: float = 120.0
     cap_nodes: int = 3
+    gpus_per_node: int = 1
+    sp_degree: int = 1
     count_model: str = "instances"
     no_notice: bool = False
     notice_s: float | None = None
@@ -88,7 +90,8 @@ class SoakConfig:
         from roll_spotlight.tools.replay import ReplayConfig
 
         return ReplayConfig(speedup=self.speedup, duration_s=self.minutes * 60.0, start_s=0.0,
-                            cap_nodes=self.cap_nodes, count_model=self.count_model, no_notice=self.no_notice,
+                            cap_nodes=self.cap_nodes, gpus_per_node=self.gpus_per_node, sp_degree=self.sp_degree,
+                            count_model=self.count_model, no_notice=self.no_notice,
                             notice_s=self.notice_s,
                             commit_every=self.commit_every, num_steps=self.num_steps, backlog=self.backlog,
                             drain_timeout_s=drain_timeout_s or self.drain_timeout_s, seed=self.seed,
@@ -303,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall minutes of request submission")
     p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
     p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
+    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="rollout workers (GPUs) per spot node")
+    p.add_argument("--sp-degree", type=int, default=d.sp_degree,
+                   help="SP degree of the spot workers' elastic groups (1: solo workers)")
     p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
                    help="count traces: each spot node is one of the group's instances, or the count is a capacity")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
@@ -321,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> SoakConfig:
     return SoakConfig(trace=args.trace, minutes=args.minutes, speedup=args.speedup, cap_nodes=args.cap_nodes,
+                      gpus_per_node=args.gpus_per_node, sp_degree=args.sp_degree,
                       count_model=args.count_model, no_notice=args.no_notice, notice_s=args.notice_s, commit_every=args.commit_every,
                       num_steps=args.num_steps, backlog=args.backlog, drain_timeout_s=args.drain_timeout,
                       seed=args.seed, address=args.address)
