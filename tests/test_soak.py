@@ -88,7 +88,7 @@ def test_few_second_soak_loses_nothing_and_reports_memory(capsys):
     assert report["preemptions"] >= 1 and report["completed_on_spot"] > 0
     for key in ("lost", "duplicated", "mismatched", "regroups"):
         assert report[key] == 0, key
-    assert report["peak_rss_mb"] > 100 and report["rss_samples"] >= 2 and report["regroups_note"]
+    assert report["peak_rss_mb"] > 100 and report["rss_samples"] >= 2
 
 
 def test_count_model_reaches_the_replay_config_and_market_only_counts_preemptions(tmp_path, capsys):

@@ -15,10 +15,11 @@ against an uninterrupted recomputation. What it adds:
 - **peak memory**: a thread samples RSS every ``sample_s`` of the driver plus every process whose
   title starts with ``ray::`` (the actors), summed; ``peak_rss_mb`` is the largest sum.
   ``peak_rss_all_mb`` adds Ray's own daemons (raylet, GCS) when this process started them.
-- **regroups**: always 0 here, with the reason in ``regroups_note``: the soak's rollout workers run
-  at SP degree 1 and a spot node's notice ends its worker; regroups of live SP workers
-  (``elastic.groups.ElasticGroups``) are measured by ``spotlight bench regroup`` and
-  tests/test_sp_rollout.py, not yet driven by the spot pool.
+- **multi-GPU spot nodes**: ``--gpus-per-node`` workers per node; with ``--sp-degree`` > 1 they
+  are elastic SP members (`elastic.groups.ElasticGroups`): groups span nodes, a notice makes the
+  survivors re-form, a newcomer node copies weights from a peer. The report counts ``regroups``
+  (and those after a loss), groups broken without notice, regroup seconds per loss, and the
+  newcomers' weight sources (replay's fields).
 
 Count traces preempt the spot nodes as ``--count-model`` says (``instances``, the default: each
 spot node is one of the group's alive instances; ``capacity``: only nodes above the count go); see
@@ -48,9 +49,6 @@ from roll_spotlight.spot.market import COUNT_MODELS
 from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace, load_trace
 
 log = logging.getLogger(__name__)
-
-REGROUPS_NOTE = ("0 by construction: the soak's rollout workers run at SP degree 1; regroups of live SP workers "
-                 "are measured by `spotlight bench regroup` and tests/test_sp_rollout.py")
 
 
 @dataclass(frozen=True)
@@ -243,7 +241,6 @@ def run_soak(cfg: SoakConfig, trace: Trace | None = None) -> dict:
         "wrap_removals": tiled.removals_until(replayed_s),
         "requests": report["requests_submitted"], "lost": report["requests_lost"],
         "duplicated": report["duplicate_completions"], "mismatched": report["mismatched_outputs"],
-        "regroups": 0, "regroups_note": REGROUPS_NOTE,
         "peak_rss_mb": round(rss.peak_actors_mb, 1), "peak_rss_all_mb": round(rss.peak_all_mb, 1),
         "rss_samples": rss.samples,
     }
