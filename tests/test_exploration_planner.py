@@ -197,7 +197,7 @@ def test_screening_pulls_are_small_until_the_rewards_differ(cls):
     first_mixed = next(seed_stream(0, "mixed"))
     rewards = {"zero": lambda s: 0.0, "mixed": lambda s: float(s == first_mixed), "r": lambda s: float(s % 2)}
     planner = cls(config(group_size=8, seeds_per_pull=4, min_seeds_before_abandon=4, screen_seeds=2,
-                         predicted_train_s=40.0), ["mixed", "zero"], reserve=["r"])
+                         predicted_train_s=40.0, abandon_share=0.0), ["mixed", "zero"], reserve=["r"])
     first = [planner.next_pull(0.0) for _ in range(2)]
     assert [(p.prompt_id, len(p.seeds)) for p in first] == [("mixed", 2), ("zero", 2)]
     assert first[0].seeds[0] == first_mixed
@@ -211,6 +211,24 @@ def test_screening_pulls_are_small_until_the_rewards_differ(cls):
     assert {len(p.seeds) for p in pulls if p.prompt_id == "mixed"} == {4}, "its rewards differ: full pulls"
     assert [len(p.seeds) for p in pulls if p.prompt_id == "r"][:1] == [2], "the replacement is screened too"
     assert sum(len(p.seeds) for p in first + pulls) <= 40
+
+
+@pytest.mark.parametrize("share, bandit_seeds", [(0.75, 6), (0.0, 4), (0.25, 4), (1.0, 8)])
+def test_bandit_screens_all_equal_arms_for_its_share_of_a_group(share, bandit_seeds):
+    """abandon_share: the bandit abandons an all-equal arm at max(min_seeds_before_abandon,
+    ceil(share * group_size)) rewards; the round robin at min_seeds_before_abandon."""
+    cfg = config(group_size=8, seeds_per_pull=4, min_seeds_before_abandon=4, screen_seeds=2, predicted_train_s=40.0,
+                 abandon_share=share)
+    for cls, want in ((BanditPlanner, bandit_seeds), (UniformPlanner, 4)):
+        planner = cls(cfg, ["zero"], reserve=["r"])
+        pulls = run_sync(planner, reward_table({"zero": lambda s: 0.0, "r": lambda s: float(s % 2)}))
+        assert [len(p.seeds) for p in pulls if p.prompt_id == "zero"] == [2] * (want // 2), cls.__name__
+        assert planner.is_abandoned("zero") and planner.batch == ["r"]
+    unscreened = BanditPlanner(dataclasses.replace(cfg, screen_seeds=0), ["zero"])
+    pulls = run_sync(unscreened, reward_table({"zero": lambda s: 0.0}))
+    assert [len(p.seeds) for p in pulls] == [4] and unscreened.is_abandoned("zero"), "no screening: the minimum"
+    with pytest.raises(ValueError, match="abandon_share"):
+        config(abandon_share=1.5)
 
 
 def test_screening_needs_abandonment_and_the_oracle_never_screens():
