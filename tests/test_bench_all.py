@@ -30,20 +30,25 @@ def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
     assert "SMOKE RUN" in report
     for label in ("MEASURED", "SIMULATED", "PAPER"):
         assert label in report, label
+    for shape in ("today: 2 on-demand + 2 spot", "paper: 1 reserved + 2 spot"):
+        for res in (512, 1280):
+            for against in ("vanilla, equal on-demand GPUs", "vanilla, equal cost"):
+                assert f"| {shape} | {res}x{res} | time | {against} | 4x | >= 4x |" in report, (shape, res, against)
+        assert f"| {shape} | 1280x1280 | cost | vanilla, equal cost | 1.4-6.4x | >= 6x |" in report
     for res in (512, 1280):
-        assert f"| {res}x{res} | time | 4x | >= 4x |" in report
         assert (out / f"utilisation_{res}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| 1280x1280 | cost | 1.4-6.4x | >= 6x |" in report
     for name in ("time_to_target.png", "cost_to_target.png", "convergence.png"):
         assert (out / name).stat().st_size > 1000, name
         assert f"]({name})" in report, name
     result = json.loads((out / "bench_all.json").read_text())
-    assert [s["status"] for s in result["stages"]] == ["ok", "ok", "ok"], result["stages"]
+    assert [s["status"] for s in result["stages"]] == ["ok"] * 4, result["stages"]
     runs = result["convergence"]["runs"]
     assert {r["setting"] for r in runs} == {"vanilla", "fresh", "spotlight"}
     assert all(r["horizon"] == 2 and r["curve"][0]["iteration"] == 0 for r in runs)
     sim = result["simulator"]["by_resolution"]["1280"]["baselines"]
     assert "timeline" not in sim["spotlight"] and sim["spotlight"]["kind"] == "simulated"
+    paper = result["simulator"]["other_shapes"][0]["by_resolution"]["512"]
+    assert paper["cluster"]["ondemand_gpus"] == 1 and "vanilla_fair_cost" in paper["baselines"]
 
 
 # ------------------------------------------------------------------------------ headline
@@ -350,3 +355,104 @@ def test_report_shows_the_paired_differences():
     conv = {"summary": summarize(records, None, "given"), "runs": []}
     text = _convergence_section({"convergence": conv}, {})
     assert "| spotlight | 2 | 0.5550 | +0.0150 +- 0.0050 | +0.0150 +- 0.0050 |" in text
+
+
+# ------------------------------------------------------------------------------ shapes, fair cost, reuse
+def _fair_sim(ondemand, spot, v_time, s_time, f_time, cost=10.0):
+    sim = _sim(v_time, s_time, cost, cost * 0.9)
+    sim["cluster"] = {"ondemand_gpus": ondemand, "spot_gpus": spot}
+    sim["baselines"]["vanilla_fair_cost"] = {"time_per_iteration_s": f_time, "cost_per_iteration_usd": cost,
+                                             "ondemand_gpus": ondemand + 1}
+    return sim
+
+
+def test_headline_has_both_vanillas_and_keeps_censored_medians_apart():
+    from roll_spotlight.tools.bench.headline import iterations_note
+
+    sims = {512: _fair_sim(4, 8, 300.0, 150.0, 240.0)}
+    exact = headline({"vanilla": _est(30), "spotlight": _est(10)}, sims, shape="paper")
+    assert [(r.shape, r.metric, r.baseline) for r in exact] == [
+        ("paper", "time", "vanilla"), ("paper", "time", "vanilla_fair_cost"),
+        ("paper", "cost", "vanilla"), ("paper", "cost", "vanilla_fair_cost")]
+    fair_time = exact[1]
+    assert fair_time.per_iteration == pytest.approx(1.6) and fair_time.total.value == pytest.approx(4.8)
+    assert fair_time.met is True and fair_time.at_medians is None and "5 on-demand GPUs" in fair_time.why
+    # both medians censored: no total, no verdict, the medians' ratio only as a labelled reference
+    censored = {"vanilla": _est(10, "lower") | {"reached": 4, "runs": 6},
+                "spotlight": _est(10, "lower") | {"reached": 3, "runs": 6}}
+    rows = headline(censored, sims)
+    assert all(r.total.value is None and r.met is None for r in rows)
+    assert rows[0].at_medians == pytest.approx(2.0) and "undetermined" in rows[0].why
+    note = iterations_note(censored)
+    assert note.startswith("undetermined") and "lower bounds" in note and "1.00" in note
+    assert iterations_note({"vanilla": _est(10), "spotlight": _est(10)}).startswith("exactly 1.00")
+    assert iterations_note({"vanilla": _est(20, "lower"), "spotlight": _est(10)}).startswith(">= 2.00x, a lower bound")
+    assert iterations_note({}).startswith("not measured")
+    # a simulation without the fair-cost vanilla gives equal-on-demand rows only
+    assert {r.baseline for r in headline({}, {512: _sim(200.0, 100.0, 10.0, 8.0)})} == {"vanilla"}
+
+
+def test_report_lists_both_shapes_both_vanillas_and_the_budget():
+    from roll_spotlight.sim.run import simulate
+    from roll_spotlight.tools.bench.report import _budget_section, _headline_section, _shapes, _to_target_section
+
+    tiny = {"prompts_per_iteration": 4, "group_size": 4}
+
+    def sim(od, spot):
+        return simulate(None, resolution=512, ondemand=od, spot=spot, iterations=1, cost_model=tiny,
+                        baselines=("vanilla", "spotlight"), fair_cost=True)
+    result = {"simulator": {"by_resolution": {"512": sim(8, 8)},
+                            "other_shapes": [{"name": "paper", "ondemand": 4, "spot": 8,
+                                              "by_resolution": {"512": sim(4, 8)}}]},
+              "cheap_exploration": {"command": "rank", "rows": [
+                  {"kind": "sde", "num_steps": 2, "spearman": 0.01, "spearman_se": 0.04},
+                  {"kind": "sde", "num_steps": 10, "spearman": 0.78, "spearman_se": 0.06}]}}
+    shapes = _shapes(result)
+    assert [label for label, _ in shapes] == ["today: 8 on-demand + 8 spot", "paper: 4 reserved + 8 spot"]
+    estimates = {"vanilla": _est(10, "lower") | {"reached": 4, "runs": 6},
+                 "spotlight": _est(10, "lower") | {"reached": 3, "runs": 6}}
+    text = _headline_section(estimates, shapes, result)
+    for label, _ in shapes:
+        for against in ("vanilla, equal on-demand GPUs", "vanilla, equal cost"):
+            assert f"| {label} | 512x512 | time | {against} | 4x | >= 4x | **undetermined** |" in text
+    assert "cluster (SIMULATED)" in text and "neither known nor bounded" in text
+    budget = _budget_section(result, shapes)
+    assert "| paper: 4 reserved + 8 spot | 512x512 |" in budget and "(vs 4)" in budget and "(vs 8)" in budget
+    assert "SDE 10 steps +0.78 +- 0.06" in budget and "full rollout" in budget and "N_fair" in budget
+    table = _to_target_section(estimates, shapes, {})
+    paper_fair = shapes[1][1][512]["fair_cost"]["ondemand_gpus"]
+    assert paper_fair == 4 + int(8 * 2.372376 / 10.315679245)      # the default H100 prices: 5
+    assert f"| vanilla_fair_cost | {paper_fair} + 0 |" in table and "| spotlight | 4 + 8 |" in table
+
+
+def test_saved_studies_merge_seed_files_and_mark_the_headline(tmp_path):
+    from roll_spotlight.tools.bench.suite import saved_studies
+
+    (tmp_path / "convergence.json").write_text(json.dumps(_saved([("vanilla", 0), ("spotlight", 0)])))
+    (tmp_path / "convergence_seeds12.json").write_text(json.dumps(_saved([("vanilla", 1), ("spotlight", 1)])))
+    (tmp_path / "convergence_other.json").write_text(json.dumps(_saved([("vanilla", 0), ("vanilla", 0)])))
+    studies = {s["study"]: s for s in saved_studies(tmp_path, [tmp_path / "convergence.json",
+                                                               tmp_path / "convergence_seeds12.json"])}
+    main = studies["convergence"]
+    assert main["headline"] and len(main["files"]) == 2 and main["estimates"]["vanilla"]["runs"] == 2
+    assert main["overrides"] == ["max_steps=10"] and main["note"] and main["ratio"]["bound"] in (
+        "exact", "lower", "upper", "unknown")
+    assert "error" in studies["convergence_other"] and not studies["convergence_other"]["headline"]
+
+
+def test_mechanism_results_are_reused_and_named(tmp_path):
+    from roll_spotlight.tools.bench.suite import build_parser, config_from_args, saved_mechanisms
+
+    saved = tmp_path / "bench_all.json"
+    saved.write_text(json.dumps({"mechanisms": {"planner": {"planner_over_oracle": 0.93},
+                                                "regroup": {"error": "boom"},
+                                                "queue": {"x": 1, "reused_from": "older.json"}}}))
+    mech = saved_mechanisms(saved)
+    assert set(mech) == {"planner", "queue"}        # a failed result is measured again, not reused
+    assert mech["planner"]["reused_from"] == str(saved) and mech["queue"]["reused_from"] == "older.json"
+    cfg = config_from_args(build_parser().parse_args(["--mechanisms-json", str(saved), "--paper-shape", "2", "6"]))
+    assert cfg.mechanisms_json == saved and cfg.other_shapes == (("paper", 2, 6),)
+    assert config_from_args(build_parser().parse_args([])).other_shapes == (("paper", 4, 8),)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="mechanisms"):
+        saved_mechanisms(tmp_path / "bad.json")

@@ -89,3 +89,64 @@ def test_gcp_probe_trace_uses_zone_prices():
     od_price, spot_price = 82.52543396 / 8, 18.979008 / 8  # zones.csv / prices/, us-central1
     expected = r["ondemand_gpu_hours"] * od_price + r["spot_gpu_hours"] * spot_price
     assert r["ondemand_usd"] + r["spot_usd"] == pytest.approx(expected, rel=1e-4)
+
+
+# ------------------------------------------------------------------------------ budget and fair cost
+def _priced_feed(ondemand_usd, spot_usd, nodes=8):
+    import dataclasses
+
+    from roll_spotlight.sim.spotfeed import fake_feed
+    from roll_spotlight.spot.prices import Price, PriceTable
+
+    feed = fake_feed([(0.0, "up", f"n{i}") for i in range(nodes)])
+    return dataclasses.replace(feed, prices=PriceTable("H100", {"ondemand": Price(ondemand_usd, "test"),
+                                                                "spot": Price(spot_usd, "test")}))
+
+
+@pytest.mark.parametrize("spot_usd, expected", [(5.0, 12), (2.5, 10), (1.2, 8), (10.0, 16)])
+def test_fair_cost_vanilla_gets_the_ondemand_gpus_spotlights_dollars_buy(spot_usd, expected):
+    """Spot held throughout: Spotlight pays 8 x 10 + 8 x spot per hour, so vanilla gets
+    8 + floor(8 x spot / 10) on-demand GPUs (the price ratio decides the count)."""
+    tiny = {"prompts_per_iteration": 4, "group_size": 4}
+    result = simulate(None, resolution=512, ondemand=8, spot=8, iterations=2, cost_model=tiny,
+                      baselines=("vanilla", "spotlight"), fair_cost=True, feed=_priced_feed(10.0, spot_usd))
+    fair = result["fair_cost"]
+    assert fair["ondemand_gpus"] == expected == 8 + int(8 * spot_usd / 10.0 + 1e-9)
+    assert fair["spotlight_usd_per_hour"] == pytest.approx(80.0 + 8 * spot_usd)
+    row = result["baselines"]["vanilla_fair_cost"]
+    assert row["ondemand_gpus"] == expected and row["spot_gpus"] == 0 and row["spot_usd"] == 0
+    # what vanilla pays per hour on those GPUs never exceeds what Spotlight pays
+    assert row["cost_per_iteration_usd"] / row["time_per_iteration_s"] * 3600 <= fair["spotlight_usd_per_hour"] + 1e-6
+    if expected > 8:   # more GPUs roll out and train: faster than the equal-on-demand vanilla
+        assert row["time_per_iteration_s"] < result["baselines"]["vanilla"]["time_per_iteration_s"]
+
+
+def test_fair_cost_needs_spotlight_and_a_price():
+    from roll_spotlight.sim.budget import fair_cost_ondemand
+
+    assert fair_cost_ondemand({"time_per_iteration_s": 1800.0, "cost_per_iteration_usd": 60.0}, 10.0, 4) == 12
+    assert fair_cost_ondemand({"time_per_iteration_s": 3600.0, "cost_per_iteration_usd": 30.0}, 10.0, 4) == 4
+    with pytest.raises(ValueError, match="price"):
+        fair_cost_ondemand({"time_per_iteration_s": 1.0, "cost_per_iteration_usd": 1.0}, 0.0, 1)
+    with pytest.raises(ValueError, match="spotlight"):
+        simulate(None, resolution=512, ondemand=2, spot=2, iterations=1, cost_model=SMALL,
+                 baselines=("vanilla",), fair_cost=True)
+
+
+def test_exploration_budget_is_spot_seconds_of_training_over_a_full_rollout():
+    from roll_spotlight.sim.budget import exploration_budget
+    from roll_spotlight.sim.costmodel import CostModel
+
+    cost = CostModel()
+    today, paper = exploration_budget(cost, 512, 8, 8), exploration_budget(cost, 512, 4, 8)
+    train_s = cost.train_s(cost.images_per_iteration(), 512, 8)
+    assert today["seeds_per_iteration"] == pytest.approx(8 * train_s / cost.rollout_s(512, 1, 10))
+    assert today["full_step"] and today["explore_steps"] == cost.sampling_steps
+    assert paper["seeds_per_iteration"] == pytest.approx(2 * today["seeds_per_iteration"])  # half the trainers
+    assert paper["seeds_per_prompt"] == pytest.approx(paper["seeds_per_iteration"] / cost.prompts_per_iteration)
+    sp4 = exploration_budget(cost, 1280, 8, 8)        # SP 4: one explored seed holds 4 GPUs
+    assert sp4["sp_degree"] == 4 and sp4["gpu_s_per_explored_seed"] == pytest.approx(4 * cost.rollout_s(1280, 4, 10))
+    cheap = exploration_budget(cost.with_overrides({"explore_steps": 5}), 512, 8, 8)
+    assert not cheap["full_step"] and cheap["seeds_per_iteration"] == pytest.approx(2 * today["seeds_per_iteration"])
+    assert "exploration_budget" in simulate(None, resolution=512, ondemand=2, spot=2, iterations=1, cost_model=SMALL,
+                                            baselines=("vanilla",))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from roll_spotlight.sim.baselines import BASELINES, get_baseline
+from roll_spotlight.sim.budget import FAIR_COST_BASELINE, FAIR_COST_DEFINITION, exploration_budget, fair_cost_ondemand
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
@@ -38,8 +39,14 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
              baselines: Sequence[str] = DEFAULT_BASELINES, seed: int = 0,
              cost_model: CostModel | Mapping[str, Any] | None = None, timeline: bool = False,
              start_s: float = 0.0, skip_ramp: bool = True, zones: Sequence[str] | None = None,
-             gpus_per_spot_node: int = 1, spot_host_gpus: int = 8, feed: SpotFeed | None = None) -> dict:
+             gpus_per_spot_node: int = 1, spot_host_gpus: int = 8, feed: SpotFeed | None = None,
+             fair_cost: bool = False) -> dict:
     """Simulate each baseline on the same cluster and trace window; returns a JSON-ready dict.
+
+    ``fair_cost``: also simulate ``vanilla_fair_cost``, vanilla on the on-demand GPUs Spotlight's
+    simulated dollars buy (``budget.fair_cost_ondemand``; needs ``spotlight`` among ``baselines``),
+    added to ``baselines`` with its GPU count and described under ``"fair_cost"``. The result's
+    ``exploration_budget`` is ``budget.exploration_budget`` for this shape.
 
     ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
     overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
@@ -55,6 +62,8 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
                        gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
                        record_timeline=timeline)
     results = {spec.name: ClusterSimulation(spec, config, cost, feed).run() for spec in specs}
+    baselines = {name: _result_dict(r, timeline) for name, r in results.items()}
+    fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
     return {
         "kind": "simulated",
         "note": SIMULATED_NOTE,
@@ -69,8 +78,28 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
         "calibration": cost.calibration,  # "assumed" constants, or the gpu_check file measured on a GPU
         "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
                                     "spot": feed.prices.price("spot").usd_per_gpu_hour},
-        "baselines": {name: _result_dict(r, timeline) for name, r in results.items()},
+        "exploration_budget": exploration_budget(cost, resolution, ondemand, spot),
+        "baselines": baselines,
+        **({"fair_cost": fair} if fair is not None else {}),
     }
+
+
+def _fair_cost_vanilla(baselines: dict, config: SimConfig, cost: CostModel, feed: SpotFeed,
+                       timeline: bool) -> dict:
+    """Run vanilla on N_fair on-demand GPUs and add it to ``baselines`` as ``vanilla_fair_cost``."""
+    if "spotlight" not in baselines:
+        raise ValueError("simulate(fair_cost=True) needs 'spotlight' among the baselines (its dollars set N_fair)")
+    price = feed.prices.price("ondemand").usd_per_gpu_hour
+    gpus = fair_cost_ondemand(baselines["spotlight"], price, minimum=config.ondemand)
+    fair_config = dataclasses.replace(config, ondemand=gpus, spot=0)
+    result = ClusterSimulation(get_baseline("vanilla"), fair_config, cost, feed).run()
+    out = _result_dict(result, timeline) | {"name": FAIR_COST_BASELINE, "ondemand_gpus": gpus, "spot_gpus": 0}
+    baselines[FAIR_COST_BASELINE] = out
+    spotlight = baselines["spotlight"]
+    return {"baseline": FAIR_COST_BASELINE, "definition": FAIR_COST_DEFINITION, "ondemand_gpus": gpus,
+            "equal_ondemand_gpus": config.ondemand, "ondemand_usd_per_gpu_hour": price,
+            "spotlight_usd_per_hour": spotlight["cost_per_iteration_usd"] / spotlight["time_per_iteration_s"] * 3600,
+            "train_s": cost.train_s(cost.images_per_iteration(), config.resolution, gpus)}
 
 
 def _cost_model(cost_model: CostModel | Mapping[str, Any] | None) -> CostModel:
@@ -197,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration", type=Path, default=None,
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
+    parser.add_argument("--fair-cost", action="store_true",
+                        help="also simulate vanilla on the on-demand GPUs Spotlight's dollars buy (vanilla_fair_cost; "
+                             "needs spotlight among --baselines)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     what_if = parser.add_argument_group("what-if (project a cluster before renting it)")
     what_if.add_argument("--provider", choices=("aws", "gcp", "azure"), default=None,
@@ -228,10 +260,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError) as exc:
             sys.stderr.write(f"spotlight simulate: error: --calibration {args.calibration}: {exc}\n")
             return 2
+        baselines = [b for b in args.baselines.split(",") if b]
+        if args.fair_cost and "spotlight" not in baselines:
+            sys.stderr.write("spotlight simulate: error: --fair-cost needs spotlight among --baselines\n")
+            return 2
         result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
-                          iterations=args.iterations, baselines=[b for b in args.baselines.split(",") if b],
+                          iterations=args.iterations, baselines=baselines,
                           seed=args.seed, cost_model=cost, timeline=args.timeline,
-                          start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus)
+                          start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus,
+                          fair_cost=args.fair_cost)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -9,7 +9,12 @@ and likewise for cost. A factor measured only as a bound (a run that did not rea
 within its budget) makes the product a bound: ``Ratio.bound`` is "exact", "lower" (at least),
 "upper" (at most) or "unknown". :func:`headline` returns one row per (resolution, metric) with the
 issue's target, whether it is met, by how much it is missed, and why (from the simulated phases).
-Pure: no I/O, no plotting.
+
+Two vanillas stand against Spotlight: ``vanilla`` on the same on-demand GPUs (equal on-demand), and
+``vanilla_fair_cost`` on the on-demand GPUs Spotlight's dollars buy (``sim.budget``: equal cost).
+Both take vanilla's measured iterations. When neither side's iterations are known exactly (both
+medians censored), the ratio of the censored medians is shown beside the row as what it is (not a
+bound), never as the result. Pure: no I/O, no plotting.
 """
 from __future__ import annotations
 
@@ -19,6 +24,12 @@ from typing import Any, Mapping
 # Issue 8 targets: Spotlight vs vanilla, time to target >= 4x; cost to target >= 2x at 512^2, >= 6x at 1280^2.
 TARGETS: dict[int, dict[str, float]] = {512: {"time": 4.0, "cost": 2.0}, 1280: {"time": 4.0, "cost": 6.0}}
 METRIC_KEYS = {"time": "time_per_iteration_s", "cost": "cost_per_iteration_usd"}
+FAIR_COST_BASELINE = "vanilla_fair_cost"
+VANILLAS = ("vanilla", FAIR_COST_BASELINE)
+BASELINE_LABELS = {"vanilla": "vanilla, equal on-demand GPUs", FAIR_COST_BASELINE: "vanilla, equal cost"}
+# the measured setting whose iterations each simulated baseline takes (convergence.SETTING_OF_BASELINE
+# plus the fair-cost vanilla, which runs vanilla's algorithm on more GPUs)
+EXTRA_SETTINGS = {FAIR_COST_BASELINE: "vanilla"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,41 @@ class HeadlineRow:
     shortfall: float | None       # target / total when the total is known to be below the target
     needed_iterations_ratio: float
     why: str
+    shape: str = ""               # cluster shape label, e.g. "8 on-demand + 8 spot"
+    baseline: str = "vanilla"     # which vanilla: "vanilla" (equal on-demand) or "vanilla_fair_cost"
+    at_medians: float | None = None  # per_iteration x the censored medians' ratio (not a bound), when undecided
+
+
+def censored_medians(vanilla: Mapping[str, Any] | None, spotlight: Mapping[str, Any] | None) -> float | None:
+    """vanilla / Spotlight median iterations when the bound-aware ratio is undetermined but both
+    medians exist (e.g. both censored at the horizon): a point of reference, not a bound."""
+    if not vanilla or not spotlight or vanilla.get("value") is None or not (spotlight.get("value") or 0) > 0:
+        return None
+    if iterations_ratio(vanilla, spotlight).value is not None:
+        return None
+    return vanilla["value"] / spotlight["value"]
+
+
+def iterations_note(estimates: Mapping[str, Mapping[str, Any]]) -> str:
+    """What the measured iterations ratio is, in words: exact, a bound, undetermined, or 1.0."""
+    v, s = estimates.get("vanilla"), estimates.get("spotlight")
+    ratio = iterations_ratio(v, s)
+    if not v or not s or v.get("value") is None or s.get("value") is None:
+        return "not measured: a setting has no iterations-to-target estimate"
+
+    def side(name: str, e: Mapping[str, Any]) -> str:
+        sign = ">= " if e["bound"] == "lower" else ""
+        return f"{name} {sign}{e['value']:g} iterations ({e.get('reached', '?')} of {e.get('runs', '?')} runs reached)"
+    sides = f"{side('vanilla', v)}, {side('Spotlight', s)}"
+    if ratio.value is None:
+        medians = censored_medians(v, s)
+        return (f"undetermined: {sides}; both are lower bounds (runs that never reached the target by their "
+                f"horizon are censored), so vanilla / Spotlight is neither known nor bounded"
+                + (f"; the censored medians' ratio is {medians:.2f}, shown only as a reference" if medians else ""))
+    if ratio.bound == "exact" and abs(ratio.value - 1.0) < 1e-9:
+        return f"exactly 1.00 ({sides}): exploration saved no iterations"
+    kind = {"exact": "exact", "lower": "a lower bound", "upper": "an upper bound"}[ratio.bound]
+    return f"{ratio.text()}, {kind} ({sides})"
 
 
 def iterations_ratio(vanilla: Mapping[str, Any] | None, spotlight: Mapping[str, Any] | None) -> Ratio:
@@ -73,49 +119,65 @@ def _met(total: Ratio, target: float) -> bool | None:
     return False if total.value < target else None
 
 
-def headline(estimates: Mapping[str, Mapping[str, Any]], sims: Mapping[int, Mapping[str, Any]]) -> list[HeadlineRow]:
-    """Rows for every resolution in ``sims`` (a ``sim.run.simulate`` result per resolution)."""
+def headline(estimates: Mapping[str, Mapping[str, Any]], sims: Mapping[int, Mapping[str, Any]],
+             shape: str = "", baselines: tuple[str, ...] = VANILLAS) -> list[HeadlineRow]:
+    """Rows for every resolution in ``sims`` (a ``sim.run.simulate`` result per resolution), metric
+    and vanilla of ``baselines`` that the simulation has (the fair-cost one only when simulated)."""
     ratio = iterations_ratio(estimates.get("vanilla"), estimates.get("spotlight"))
+    medians = censored_medians(estimates.get("vanilla"), estimates.get("spotlight"))
     rows = []
     for resolution, sim in sorted(sims.items()):
         for metric, target in TARGETS.get(resolution, TARGETS[1280]).items():
-            rows.append(_row(resolution, metric, target, ratio, sim))
+            for baseline in baselines:
+                if baseline in sim["baselines"]:
+                    rows.append(_row(resolution, metric, target, ratio, sim, shape, baseline, medians))
     return rows
 
 
-def _row(resolution: int, metric: str, target: float, iters: Ratio, sim: Mapping[str, Any]) -> HeadlineRow:
+def _row(resolution: int, metric: str, target: float, iters: Ratio, sim: Mapping[str, Any], shape: str = "",
+         baseline: str = "vanilla", medians: float | None = None) -> HeadlineRow:
     key = METRIC_KEYS[metric]
-    per_iter = sim["baselines"]["vanilla"][key] / sim["baselines"]["spotlight"][key]
+    per_iter = sim["baselines"][baseline][key] / sim["baselines"]["spotlight"][key]
     total = Ratio(None, "unknown") if iters.value is None else Ratio(iters.value * per_iter, iters.bound)
     met = _met(total, target)
     shortfall = target / total.value if total.value and met is False else None
-    return HeadlineRow(resolution, metric, target, per_iter, iters, total, met, shortfall,
-                       target / per_iter, explain(metric, target, per_iter, iters, sim))
+    why = explain(metric, target, per_iter, iters, sim, baseline, medians)
+    return HeadlineRow(resolution, metric, target, per_iter, iters, total, met, shortfall, target / per_iter, why,
+                       shape, baseline, None if medians is None else medians * per_iter)
 
 
-def ceilings(sim: Mapping[str, Any]) -> dict[str, float]:
-    """Upper limits of the per-iteration gains, from the simulated phases (no convergence effect).
+def ceilings(sim: Mapping[str, Any], baseline: str = "vanilla") -> dict[str, float]:
+    """Upper limits of the per-iteration gains over ``baseline``, from the simulated phases (no
+    convergence effect).
 
-    time: rollouts can shrink with more GPUs, training (on-demand only) and the weight publication
-    cannot, so an iteration is at best train + publish long. cost: Spotlight still rents the
-    on-demand GPUs for at least that long each iteration.
+    time: rollouts can shrink with more GPUs, training (on Spotlight's on-demand GPUs only) and the
+    weight publication cannot, so a Spotlight iteration is at best train + publish long. cost:
+    Spotlight still rents its on-demand GPUs for at least that long each iteration.
     """
-    phases, vanilla = sim["phases"], sim["baselines"]["vanilla"]
+    phases, base = sim["phases"], sim["baselines"][baseline]
     floor_s = phases["train_s"] + phases["publish_s"]
     od_cost_floor = sim["cluster"]["ondemand_gpus"] * sim["prices_usd_per_gpu_hour"]["ondemand"] * floor_s / 3600
-    return {"floor_s": floor_s, "time": vanilla["time_per_iteration_s"] / floor_s,
-            "cost": vanilla["cost_per_iteration_usd"] / od_cost_floor,
-            "train_share": phases["train_s"] / vanilla["time_per_iteration_s"]}
+    return {"floor_s": floor_s, "time": base["time_per_iteration_s"] / floor_s,
+            "cost": base["cost_per_iteration_usd"] / od_cost_floor,
+            "train_share": phases["train_s"] / sim["baselines"]["vanilla"]["time_per_iteration_s"]}
 
 
-def explain(metric: str, target: float, per_iter: float, iters: Ratio, sim: Mapping[str, Any]) -> str:
+def explain(metric: str, target: float, per_iter: float, iters: Ratio, sim: Mapping[str, Any],
+            baseline: str = "vanilla", medians: float | None = None) -> str:
     """Why the row lands where it does, in numbers from this run."""
-    c = ceilings(sim)
+    c = ceilings(sim, baseline)
     parts = [f"simulated per-iteration gain {per_iter:.2f}x (ceiling {c[metric]:.2f}x: training, "
-             f"{c['train_share']:.0%} of a vanilla iteration, runs on the on-demand GPUs only"
+             f"{c['train_share']:.0%} of an equal-on-demand vanilla iteration, runs on Spotlight's on-demand GPUs only"
              + (", which Spotlight still pays for" if metric == "cost" else "") + ")"]
+    if baseline != "vanilla":
+        fair = sim["baselines"][baseline]
+        parts.append(f"this vanilla has {fair.get('ondemand_gpus', '?')} on-demand GPUs (Spotlight's dollars) "
+                     f"against Spotlight's {sim['cluster']['ondemand_gpus']} + {sim['cluster']['spot_gpus']} spot")
     needed = target / per_iter
-    if iters.value is None:
+    if iters.value is None and medians is not None:
+        parts.append(f"measured iterations ratio undetermined: both medians are lower bounds, their ratio "
+                     f"{medians:.2f} is no bound (would need vanilla/Spotlight >= {needed:.2f}x)")
+    elif iters.value is None:
         parts.append(f"iterations-to-target not measured (would need vanilla/Spotlight >= {needed:.2f}x)")
     else:
         parts.append(f"measured iterations ratio {iters.text()} (needed {needed:.2f}x)")
@@ -129,11 +191,12 @@ def time_and_cost_to_target(estimates: Mapping[str, Mapping[str, Any]], sim: Map
     """Per simulated baseline: iterations (measured, via ``SETTING_OF_BASELINE``) x per-iteration (simulated)."""
     from roll_spotlight.tools.bench.convergence import SETTING_OF_BASELINE
 
+    settings = {**SETTING_OF_BASELINE, **EXTRA_SETTINGS}
     out = {}
     for name, result in sim["baselines"].items():
-        est = estimates.get(SETTING_OF_BASELINE.get(name, ""))
+        est = estimates.get(settings.get(name, ""))
         value = None if not est else est["value"]
-        out[name] = {"setting": SETTING_OF_BASELINE.get(name), "iterations": value,
+        out[name] = {"setting": settings.get(name), "iterations": value,
                      "bound": "unknown" if value is None else est["bound"],
                      "time_per_iteration_s": result["time_per_iteration_s"],
                      "cost_per_iteration_usd": result["cost_per_iteration_usd"],

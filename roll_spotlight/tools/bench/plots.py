@@ -12,7 +12,7 @@ from roll_spotlight.tools.bench.paper import PAPER_CLAIMS
 PHASE_COLOURS = {"rollout": "tab:blue", "explore": "tab:green", "train": "tab:red", "sync": "tab:purple",
                  "join": "tab:orange", "restart": "black", "regroup": "tab:pink", "idle": "lightgrey"}
 BASELINE_COLOURS = {"vanilla": "tab:grey", "explore_critical": "tab:olive", "naive_spot": "tab:orange",
-                    "spotlight": "tab:blue", "fresh": "tab:olive"}
+                    "spotlight": "tab:blue", "fresh": "tab:olive", "vanilla_fair_cost": "tab:brown"}
 
 
 def _pyplot():
@@ -24,11 +24,13 @@ def _pyplot():
     return plt
 
 
-def plot_to_target(tables: Mapping[int, Mapping[str, Mapping[str, Any]]], metric: str, path: Path) -> Path:
+def plot_to_target(tables: Mapping[int, Mapping[str, Mapping[str, Any]]], metric: str, path: Path,
+                   shape: str = "") -> Path:
     """Time (or cost) to target per baseline, one panel per resolution, the paper's ratio in a first column.
 
     ``tables``: resolution -> ``headline.time_and_cost_to_target`` output. Baselines whose
-    iterations-to-target were not measured are drawn per iteration instead and say so.
+    iterations-to-target were not measured are drawn per iteration instead and say so. ``shape``
+    (e.g. "8 on-demand + 8 spot") names the simulated cluster in each panel's title.
     """
     plt = _pyplot()
     key = {"time": "time_to_target_s", "cost": "cost_to_target_usd"}[metric]
@@ -46,7 +48,8 @@ def plot_to_target(tables: Mapping[int, Mapping[str, Mapping[str, Any]]], metric
                 bar.set_hatch("//")
         what = f"{metric} to target" if measured else f"{metric} per iteration (iterations-to-target not measured)"
         kind = "MEASURED iterations x SIMULATED per-iteration" if measured else "SIMULATED"
-        ax.set_title(f"{resolution}x{resolution}: {what}\n{kind}", fontsize=8)
+        where = f", {shape}" if shape else ""
+        ax.set_title(f"{resolution}x{resolution}{where}: {what}\n{kind}", fontsize=8)
         ax.set_ylabel(f"{metric} ({unit}{'' if measured else ' per iteration'})")
         ax.tick_params(axis="x", labelrotation=20, labelsize=7)
     fig.text(0.99, 0.01, "hatched: lower bound (run censored by its budget)", ha="right", fontsize=6)

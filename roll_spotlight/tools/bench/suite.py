@@ -5,10 +5,18 @@ Order (one table of contents, :func:`run_suite`):
 1. mechanism benchmarks, measured on this machine: the exploration planner (in process), the
    warm-vs-cold SP regroup and the queue throughput (subprocesses: both start Ray);
 2. the simulator at 512^2 and 1280^2 on the headline spot trace (and any extra traces), with its
-   warm-regroup constant calibrated from step 1 when that ran;
+   warm-regroup constant calibrated from step 1 when that ran, for two cluster shapes: today's
+   (``--ondemand``/``--spot``, 8 + 8) and the paper's (``--paper-shape``, 4 reserved + 8 spot), each
+   with the fair-cost vanilla (``sim.budget``) and the exploration budget the shape affords;
 3. the convergence benchmark on the tiny task under a wall-clock budget (or a saved result of
-   ``benchmarks/convergence.py`` via ``--convergence-json``);
+   ``benchmarks/convergence.py`` via ``--convergence-json``), and the iterations ratio of every
+   saved convergence study in ``benchmarks/results`` (:func:`saved_studies`);
 4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
+
+Regenerating the report without new measurements (one thread, about a minute of simulation):
+``spotlight bench all --convergence-json FILE... --mechanisms-json benchmarks/results/bench_all.json``
+reuses the saved convergence runs and mechanism results; ``make bench`` with no arguments still
+runs everything.
 
 Budget of the full run on a fresh 2-core machine (under 60 min; the report's stage table has the
 measured minutes): virtual environment ~2 min (``make bench``), base pretraining ~6 min (both
@@ -42,6 +50,10 @@ EXTRA_TRACES = (("skynomad-gcp-h100/h100_probe_counts_wide.csv", "us-central1-b"
 SMOKE_SIM_COST = {"prompts_per_iteration": 4, "group_size": 4}
 FULL_CONVERGENCE_SEEDS = (0, 1, 2)
 FULL_CONVERGENCE_OVERRIDES = ("max_steps=10", "eval_steps=5")
+# The paper's cluster as secondhand accounts give it: 4 reserved (priced on-demand here) + 8 spot GPUs.
+PAPER_SHAPE = ("paper", 4, 8)
+RESULTS_DIR = Path("benchmarks/results")
+RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,12 @@ class SuiteConfig:
         seeds=FULL_CONVERGENCE_SEEDS, overrides=FULL_CONVERGENCE_OVERRIDES))
     convergence_json: tuple[Path, ...] = ()
     subprocess_timeout_s: float = 900.0
+    # more cluster shapes simulated beside (ondemand, spot): (name, ondemand, spot)
+    other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE,)
+    fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.budget) in every shape
+    mechanisms_json: Path | None = None          # reuse the mechanism results of a saved bench_all.json
+    studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
+    rank_vs_steps_json: Path | None = RANK_VS_STEPS_JSON  # the cheap-exploration study, quoted in the report
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.mechanisms) - set(MECHANISMS))
@@ -79,13 +97,17 @@ class SuiteConfig:
             raise ValueError(f"cluster shape: ondemand must be >= 1 and spot >= 0, got {self.ondemand}, {self.spot}")
         if self.timeline_iterations < 1:
             raise ValueError(f"timeline_iterations must be >= 1, got {self.timeline_iterations}")
+        for name, ondemand, spot in self.other_shapes:
+            if ondemand < 1 or spot < 0:
+                raise ValueError(f"other_shapes: {name!r} needs ondemand >= 1 and spot >= 0, got {ondemand}, {spot}")
 
     @classmethod
     def smoke_preset(cls, **kw: Any) -> SuiteConfig:
         conv = ConvergenceConfig(seeds=(0,), budget_s=120.0, overrides=SMOKE_OVERRIDES, isolate=False,
                                  repo_root=kw.pop("repo_root", Path(".")))
         base = dict(smoke=True, mechanisms=("planner",), planner_seeds=2, sim_iterations={512: 2, 1280: 2},
-                    ondemand=2, spot=2, extra_traces=(), sim_cost=SMOKE_SIM_COST, timeline_iterations=2,
+                    ondemand=2, spot=2, other_shapes=(("paper", 1, 2),), extra_traces=(), sim_cost=SMOKE_SIM_COST,
+                    timeline_iterations=2,
                     convergence=conv, out_dir=Path("benchmarks/results/smoke"))
         return cls(**(base | kw))
 
@@ -108,13 +130,18 @@ def run_suite(cfg: SuiteConfig) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     stages: list[Stage] = []
     t0 = time.monotonic()
-    mech = {name: _stage(stages, f"mechanism: {name}", lambda n=name: _mechanism(n, cfg)) for name in cfg.mechanisms}
+    saved = saved_mechanisms(cfg.mechanisms_json) if cfg.mechanisms_json else {}
+    mech = {name: _stage(stages, f"mechanism: {name}", lambda n=name: saved[n] if n in saved else _mechanism(n, cfg))
+            for name in cfg.mechanisms}
     cost = _calibrated_cost(cfg, mech.get("regroup"))
     sims = _stage(stages, "simulator", lambda: run_simulations(cfg, cost))
     conv = _stage(stages, "convergence", lambda: _convergence(cfg))
+    studies = _stage(stages, "saved convergence studies",
+                     lambda: saved_studies(cfg.studies_dir, cfg.convergence_json) if cfg.studies_dir else [])
     result = {"kind": "measured (mechanisms, convergence) and simulated (cluster time and cost)",
               "smoke": cfg.smoke, "command": _command_line(), "config": _config_dict(cfg),
-              "mechanisms": mech, "simulator": sims, "convergence": conv,
+              "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies,
+              "cheap_exploration": cheap_exploration(cfg.rank_vs_steps_json),
               "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
     report = write_report(result, cfg.out_dir)
     result["report"] = str(report)
@@ -131,6 +158,8 @@ def _stage(stages: list[Stage], name: str, fn: Callable[[], Any]) -> Any:
         out = fn()
         stage.status = "skipped" if isinstance(out, dict) and "skipped" in out else "ok"
         stage.note = out.get("skipped", "") if isinstance(out, dict) else ""
+        if isinstance(out, dict) and "reused_from" in out:
+            stage.status, stage.note = "reused", f"measured earlier, read from {out['reused_from']}"
         return out
     except Exception as exc:  # noqa: BLE001 - reported in REPORT.md and logged with its traceback
         log.exception("bench all: %s failed", name)
@@ -150,8 +179,9 @@ def _config_dict(cfg: SuiteConfig) -> dict:
 
 def _strip_timelines(result: dict) -> dict:
     out = json.loads(json.dumps(result, default=str))
-    for block in [out.get("simulator", {}).get("by_resolution", {}), *[
-            e.get("by_resolution", {}) for e in out.get("simulator", {}).get("extra", [])]]:
+    sim = out.get("simulator", {})
+    for block in [sim.get("by_resolution", {}), *[e.get("by_resolution", {}) for e in sim.get("extra", [])],
+                  *[s.get("by_resolution", {}) for s in sim.get("other_shapes", [])]]:
         for sim in block.values():
             for r in sim.get("baselines", {}).values():
                 r.pop("timeline", None)
@@ -159,6 +189,17 @@ def _strip_timelines(result: dict) -> dict:
 
 
 # ================================================================ mechanisms
+def saved_mechanisms(path: Path) -> dict[str, dict]:
+    """The mechanism results of a saved ``bench_all.json``, each marked ``reused_from`` (kept from an
+    earlier reuse, so the file that measured it is named). Failed or skipped ones are not reused."""
+    payload = json.loads(Path(path).read_text())
+    mech = payload.get("mechanisms")
+    if not isinstance(mech, dict):
+        raise ValueError(f"--mechanisms-json {path}: no 'mechanisms' object (expected a bench_all.json)")
+    return {name: {**r, "reused_from": r.get("reused_from", str(path))} for name, r in mech.items()
+            if isinstance(r, dict) and "error" not in r and "skipped" not in r}
+
+
 def _mechanism(name: str, cfg: SuiteConfig) -> dict:
     if name == "planner":
         from roll_spotlight.tools.bench.planner import run_planner_bench
@@ -217,8 +258,9 @@ def _calibrated_cost(cfg: SuiteConfig, regroup: Mapping[str, Any] | None):
     cost = CostModel.from_dict(dict(cfg.sim_cost))
     parts = (regroup or {}).get("warm_parts_median_s") or {}
     if parts.get("regroup_s"):
+        when = f"reused from {regroup['reused_from']}" if regroup.get("reused_from") else "this run"
         cost = cost.calibrate({"warm_regroup_s": float(parts["regroup_s"])},
-                              note="spotlight bench regroup, gloo on CPU (this run)")
+                              note=f"spotlight bench regroup, gloo on CPU ({when})")
     return cost
 
 
@@ -232,15 +274,20 @@ def traces_root(cfg: SuiteConfig) -> Path | None:
 
 
 def run_simulations(cfg: SuiteConfig, cost) -> dict:
-    """The four baselines per resolution on the headline trace (timelines kept for the figures)."""
+    """The baselines per resolution on the headline trace (timelines kept for the figures), for
+    today's shape and each of ``other_shapes`` (no timelines), with the fair-cost vanilla."""
     from roll_spotlight.sim.run import simulate
 
     root = traces_root(cfg)
     head_path, head_zone = _trace_path(root, cfg.headline_trace)
     common = dict(ondemand=cfg.ondemand, spot=cfg.spot, cost_model=cost)
     by_res = {res: simulate(head_path, resolution=res, iterations=cfg.sim_iterations[res], timeline=True,
-                            zones=[head_zone] if head_zone else None, **common)
+                            zones=[head_zone] if head_zone else None, fair_cost=cfg.fair_cost, **common)
               for res in cfg.resolutions}
+    others = [{"name": name, "ondemand": od, "spot": sp, "by_resolution": {
+        res: simulate(head_path, resolution=res, iterations=cfg.sim_iterations[res], ondemand=od, spot=sp,
+                      cost_model=cost, zones=[head_zone] if head_zone else None, fair_cost=cfg.fair_cost)
+        for res in cfg.resolutions}} for name, od, sp in cfg.other_shapes]
     extra = []
     for rel, zone in cfg.extra_traces:
         path, _ = _trace_path(root, (rel, zone))
@@ -252,7 +299,8 @@ def run_simulations(cfg: SuiteConfig, cost) -> dict:
     note = None if head_path else "shared spot traces not found: spot GPUs are never preempted in this run"
     return {"kind": "simulated", "traces_root_found": root is not None, "note": note,
             "headline_trace": cfg.headline_trace[0] if head_path else None,
-            "cost_model": cost.table(), "by_resolution": by_res, "extra": extra}
+            "cost_model": cost.table(), "shape": {"name": "today", "ondemand": cfg.ondemand, "spot": cfg.spot},
+            "by_resolution": by_res, "other_shapes": others, "extra": extra}
 
 
 def _trace_path(root: Path | None, spec: tuple[str, str | None]) -> tuple[Path | None, str | None]:
@@ -274,6 +322,60 @@ def _convergence(cfg: SuiteConfig) -> dict:
                 "summary": summarize(records, target, rule),
                 "runs": [dataclasses.asdict(r) | {"horizon": r.horizon} for r in records], "budget": None}
     return run_convergence(cfg.convergence, cfg.out_dir / "convergence")
+
+
+def saved_studies(folder: Path, headline_files: Sequence[Path] = ()) -> list[dict]:
+    """The iterations-to-target ratio of every saved convergence study in ``folder`` (MEASURED).
+
+    A study is ``convergence<name>.json`` merged with its ``convergence<name>_seeds<digits>.json``
+    continuations (more seeds of the same command). Each gets the target rule of the headline
+    (vanilla's mean final validation reward unless the file fixed one), the bound-aware ratio and
+    :func:`headline.iterations_note`; ``headline`` marks the study the headline uses. A study that
+    cannot be merged is listed with its error.
+    """
+    import re
+
+    from roll_spotlight.tools.bench.headline import censored_medians, iterations_note, iterations_ratio
+
+    groups: dict[str, list[Path]] = {}
+    for path in sorted(Path(folder).glob("convergence*.json")):
+        groups.setdefault(re.sub(r"_seeds\d+$", "", path.stem), []).append(path)
+    chosen = {Path(p).resolve() for p in headline_files}
+    out = []
+    for name, paths in groups.items():
+        entry: dict[str, Any] = {"study": name, "files": [str(p) for p in paths],
+                                 "headline": bool(chosen) and {p.resolve() for p in paths} == chosen}
+        try:
+            payloads = [json.loads(p.read_text()) for p in paths]
+            records = merge_saved_runs(paths, payloads)
+            fixed = {pl.get("target") for pl in payloads}
+            target, rule = choose_target(records, fixed.pop() if len(fixed) == 1 else None)
+            summary = summarize(records, target, rule)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+            out.append(entry | {"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        est = summary["estimates"]
+        ratio = iterations_ratio(est.get("vanilla"), est.get("spotlight"))
+        overrides = (payloads[0].get("budget") or {}).get("overrides") or []
+        out.append(entry | {
+            "overrides": [f"{k}={v}" for k, v in dict(o.split("=", 1) for o in overrides if "=" in o).items()],
+            "target": target, "target_rule": rule, "ratio": {"value": ratio.value, "bound": ratio.bound},
+            "censored_medians": censored_medians(est.get("vanilla"), est.get("spotlight")),
+            "note": iterations_note(est),
+            "estimates": {k: {f: e[f] for f in ("value", "bound", "reached", "runs")} for k, e in est.items()},
+            "paired_spotlight": (summary.get("paired_vs_vanilla") or {}).get("spotlight")})
+    return out
+
+
+def cheap_exploration(path: Path | None) -> dict | None:
+    """Spearman of stale few-step explored rewards against fresh full-step ones, per schedule, from
+    ``benchmarks/explore_rank_vs_steps.py``'s JSON (MEASURED); None when the file is absent."""
+    if path is None or not Path(path).is_file():
+        return None
+    data = json.loads(Path(path).read_text())
+    rows = [{k: r.get(k) for k in ("kind", "num_steps", "relative_cost", "spearman", "spearman_se", "pool_in_budget")}
+            for r in data.get("rows") or []]
+    return {"kind": "measured", "source": str(path), "command": data.get("command"), "rows": rows}
 
 
 def merge_saved_runs(paths: Sequence[Path], payloads: Sequence[Mapping[str, Any]]) -> list:
@@ -312,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", action="append", default=[], choices=MECHANISMS, help="skip a mechanism benchmark")
     p.add_argument("--ondemand", type=int, default=None, help="simulated on-demand GPUs (default 8)")
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
+    p.add_argument("--paper-shape", type=int, nargs=2, default=None, metavar=("ONDEMAND", "SPOT"),
+                   help="second simulated cluster shape, the paper's (default 4 reserved, priced on-demand, + 8 spot)")
+    p.add_argument("--mechanisms-json", type=Path, default=None,
+                   help="reuse the mechanism results of a saved bench_all.json instead of measuring them again "
+                        "(those it lacks are run)")
     p.add_argument("--convergence-budget-min", type=float, default=None,
                    help="deadline in minutes for all convergence training runs (default 40)")
     p.add_argument("--convergence-seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
@@ -341,9 +448,11 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
     changes: dict[str, Any] = {"convergence": conv, "convergence_json": tuple(args.convergence_json or ()),
                                "mechanisms": tuple(m for m in base.mechanisms if m not in args.skip)}
-    for key in ("ondemand", "spot", "traces_root"):
+    for key in ("ondemand", "spot", "traces_root", "mechanisms_json"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
+    if args.paper_shape is not None:
+        changes["other_shapes"] = (("paper", *args.paper_shape),)
     if args.out is not None:
         changes["out_dir"] = args.out
     return dataclasses.replace(base, **changes)
