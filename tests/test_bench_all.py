@@ -2,6 +2,7 @@
 bookkeeping, report helpers) on hand-made inputs."""
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,51 @@ def test_estimate_censors_runs_that_miss_the_target():
     assert est.bound == "lower" and est.value == 5.0 and est.reached == 1
     assert estimate("vanilla", records, 0.5).bound == "exact"
     assert estimate("fresh", records, 0.5).value is None
+
+
+def _reached_at(setting, seed, hit, horizon=10):
+    """A run evaluated at 0, 2, ..., horizon that first reaches 0.5 at ``hit`` (None: never)."""
+    return _record(setting, [(i, 0.6 if hit is not None and i >= hit else 0.4) for i in range(0, horizon + 1, 2)],
+                   seed)
+
+
+def test_estimate_is_exact_when_enough_runs_reach_before_the_first_censored_horizon():
+    # the saved data's vanilla: 6, 10, 10, 10 and two runs censored at 10 -> the median is exactly 10
+    records = [_reached_at("vanilla", seed, hit) for seed, hit in enumerate([6, 10, 10, 10, None, None])]
+    est = estimate("vanilla", records, 0.5)
+    assert est.per_run == (6, 10, 10, 10, None, None) and est.reached == 4
+    assert est.value == 10.0 and est.bound == "exact"
+    # odd n: 3 of 5 below the censored horizon suffice
+    odd = [_reached_at("vanilla", seed, hit) for seed, hit in enumerate([2, 4, 6, None, None])]
+    assert estimate("vanilla", odd, 0.5).bound == "exact" and estimate("vanilla", odd, 0.5).value == 6.0
+
+
+def test_estimate_is_a_lower_bound_when_censored_runs_reach_the_median():
+    # the saved data's Spotlight: 6, 6, 10 and three censored at 10 -> median >= 10
+    records = [_reached_at("spotlight", seed, hit) for seed, hit in enumerate([6, 6, 10, None, None, None])]
+    est = estimate("spotlight", records, 0.5)
+    assert est.value == 10.0 and est.bound == "lower" and est.reached == 3
+    # enough runs reached, but one was stopped at iteration 4, before two of them reached: not exact
+    early_stop = [_reached_at("spotlight", 0, 2), _reached_at("spotlight", 1, 6), _reached_at("spotlight", 2, 8),
+                  _reached_at("spotlight", 3, None, horizon=4)]
+    assert estimate("spotlight", early_stop, 0.5).bound == "lower"
+
+
+def test_exact_over_lower_bound_median_is_an_upper_bound_and_a_miss():
+    from roll_spotlight.tools.bench.report import _met_text, _shortfall_text
+
+    vanilla = [_reached_at("vanilla", seed, hit) for seed, hit in enumerate([6, 10, 10, 10, None, None])]
+    spotlight = [_reached_at("spotlight", seed, hit) for seed, hit in enumerate([6, 6, 10, None, None, None])]
+    estimates = {name: asdict(estimate(name, vanilla + spotlight, 0.5)) for name in ("vanilla", "spotlight")}
+    assert iterations_ratio(estimates["vanilla"], estimates["spotlight"]) == Ratio(1.0, "upper")
+    rows = {r.metric: r for r in headline(estimates, {512: _sim(200.0, 100.0, 10.0, 8.0)})}
+    time = rows["time"]                          # <= 1.00 x 2.00 = <= 2.00 against 4: missed by >= 2x
+    assert time.total == Ratio(pytest.approx(2.0), "upper") and time.met is False
+    assert time.shortfall == pytest.approx(2.0)
+    assert _met_text(time) == "**no**" and _shortfall_text(time).startswith(">= 2.00x (reached at most 50%")
+    # an upper bound that is not below the target decides nothing
+    high = {"vanilla": _est(50), "spotlight": _est(10, "lower")}
+    assert [r.met for r in headline(high, {512: _sim(200.0, 100.0, 10.0, 8.0)})] == [None, None]
 
 
 def test_choose_target_rejects_no_learning():

@@ -7,8 +7,13 @@ stopped and its curve is read back from ``metrics.jsonl``: a run that did not re
 then is *censored* (we know only that it needs more iterations than it ran), never extrapolated.
 
 Estimates across seeds (:class:`IterationsEstimate`): each run contributes its iterations to the
-target, or its horizon (last evaluated iteration) when it did not reach it; the median of those is
-exact when every run reached the target and a lower bound otherwise.
+target, or its horizon (last evaluated iteration) when it did not reach it; a censored run is known
+only to need more than its horizon. The median of those values is *exact* when at least
+``n // 2 + 1`` of the ``n`` runs reached the target no later than the smallest censored horizon
+(every median position is then held by a known value below every censored one; for even ``n`` both
+middle values are), and a *lower bound* otherwise (replacing a censored run by its horizon can only
+lower the median). Example: reached at 6, 10, 10, 10 and two censored at 10 -> median exactly 10;
+reached at 6, 6, 10 and three censored at 10 -> median >= 10.
 
 Run lifecycle (one training run)::
 
@@ -193,9 +198,18 @@ def estimate(setting: str, records: Sequence[RunRecord], target: float | None) -
     horizons = tuple(r.horizon for r in mine)
     censored = [h if it is None else it for it, h in zip(per_run, horizons)]
     reached = sum(it is not None for it in per_run)
-    bound = "exact" if reached == len(mine) else "lower"
-    return IterationsEstimate(setting, float(statistics.median(censored)), bound, reached, len(mine),
-                              per_run, horizons)
+    return IterationsEstimate(setting, float(statistics.median(censored)), median_bound(per_run, horizons),
+                              reached, len(mine), per_run, horizons)
+
+
+def median_bound(per_run: Sequence[int | None], horizons: Sequence[int]) -> str:
+    """"exact" when at least ``n // 2 + 1`` runs reached the target no later than the smallest
+    horizon of a censored run (``per_run`` None), else "lower" (see the module docstring)."""
+    censored = [h for it, h in zip(per_run, horizons) if it is None]
+    if not censored:
+        return "exact"
+    early = sum(it is not None and it <= min(censored) for it in per_run)
+    return "exact" if early >= len(per_run) // 2 + 1 else "lower"
 
 
 def paired_gain(records: Sequence[RunRecord], setting: str, reference: str = "vanilla") -> dict | None:

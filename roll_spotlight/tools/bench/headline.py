@@ -7,8 +7,12 @@ For one resolution, the time-to-target ratio vanilla / Spotlight factors into
 
 and likewise for cost. A factor measured only as a bound (a run that did not reach the target
 within its budget) makes the product a bound: ``Ratio.bound`` is "exact", "lower" (at least),
-"upper" (at most) or "unknown". :func:`headline` returns one row per (resolution, metric) with the
-issue's target, whether it is met, by how much it is missed, and why (from the simulated phases).
+"upper" (at most) or "unknown". vanilla / Spotlight with an exact vanilla median and a lower-bound
+Spotlight median (Spotlight needs at least that many) is an upper bound; lower / exact is a lower
+bound; lower / lower is unknown. A total that is at most X with X below the target is a miss, by at
+least target / X; a lower bound below the target, or an upper bound above it, decides nothing.
+:func:`headline` returns one row per (resolution, metric) with the issue's target, whether it is
+met, by how much it is missed, and why (from the simulated phases).
 
 Two vanillas stand against Spotlight: ``vanilla`` on the same on-demand GPUs (equal on-demand), and
 ``vanilla_fair_cost`` on the on-demand GPUs Spotlight's dollars buy (``sim.budget``: equal cost).
@@ -57,7 +61,8 @@ class HeadlineRow:
     iterations: Ratio             # measured vanilla / Spotlight iterations to target
     total: Ratio                  # the product
     met: bool | None              # None: the bound does not decide it
-    shortfall: float | None       # target / total when the total is known to be below the target
+    shortfall: float | None       # target / total when the total is known to be below the target (a
+                                  # lower bound on the miss when the total is an upper bound)
     needed_iterations_ratio: float
     why: str
     shape: str = ""               # cluster shape label, e.g. "8 on-demand + 8 spot"

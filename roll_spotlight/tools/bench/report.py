@@ -203,6 +203,8 @@ def _ratio_text(r: HeadlineRow, ratio) -> str:
 
 def _shortfall_text(r: HeadlineRow) -> str:
     if r.met is False and r.shortfall:
+        if r.total.bound == "upper":   # the total is at most X: missed by at least target / X
+            return f">= {r.shortfall:.2f}x (reached at most {r.total.value / r.target:.0%} of the target)"
         return f"{r.shortfall:.2f}x (reached {r.total.value / r.target:.0%} of the target)"
     if r.met is None:
         ref = (f" (at the censored medians' ratio: {r.at_medians:.2f}x, {r.at_medians / r.target:.0%} of the target)"
