@@ -49,6 +49,29 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     assert {"rollout", "reward", "train", "validate"} <= phases
 
 
+def test_pool_baseline_reaches_the_ray_trainer(tmp_path, ray_cluster):
+    """exploration.baseline=pool on Ray trains exactly as in process, and not as the selected baseline does.
+
+    Fresh exploration runs on the critical path, so its pools (and the baselines) are the local run's."""
+    torch.set_num_threads(1)
+    explore = ["exploration.mode=fresh", "exploration.seeds_per_prompt=6", "exploration.seeds_per_pull=2",
+               "exploration.min_seeds_before_abandon=2", "eval_steps=0"]
+    cfg = tiny_config(*explore, "exploration.baseline=pool")
+    path = save_random_policy(cfg, tmp_path / "policy.pt")
+    start_run(cfg, tmp_path / "local", policy=random_policy(cfg), progress=False)
+    selected = tiny_config(*explore, "exploration.baseline=selected")
+    start_run(selected, tmp_path / "selected", policy=random_policy(selected), progress=False)
+    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2, trainer_threads=1), run_dir=tmp_path / "ray")
+    try:
+        Coordinator(cfg, backend, tmp_path / "ray", progress=False).run()
+    finally:
+        backend.close()
+    norms = {name: [r["grad_norm"] for r in read_metrics(tmp_path / name)[1:]] for name in ("local", "selected", "ray")}
+    assert len(norms["ray"]) == cfg.max_steps
+    assert norms["ray"] == norms["local"]
+    assert norms["ray"] != norms["selected"]
+
+
 def result_timeline(run_dir):
     import json
 

@@ -49,9 +49,9 @@ class TrainerActor:
         self.store.publish(self.core.weight_version, self.core.policy.published_state())
         return self.core.weight_version
 
-    def train(self, outputs, prompts, group_ids, rewards) -> dict:
+    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
         t0 = time.time()
-        metrics = self.core.train(outputs, prompts, group_ids, rewards)
+        metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
         self.publish()
         self._record("train", t0)
         return metrics
@@ -152,6 +152,17 @@ class RolloutWorker:
     that reaches that step index parks the worker after the step until `notify_preemption()` or
     `stop()` (or a kill), and `wait_held()` returns once it is parked.
 
+    Batched leases (`dispatch.pull_batch` = B, the queue's `QueueConfig.pull_batch`): one pull
+    leases up to B requests; the worker runs them one after another and reports the finished ones
+    with the next pull (`complete_and_pull`: one queue call a batch, not two a request, which is
+    what lets one queue actor serve thousands of workers). Before each lease after a batch's first
+    it heartbeats (one call extends them all) once `heartbeat_s` has passed since the queue last
+    extended them, so the unstarted ones do not expire while it works. A notice, `leave_group()`
+    or `stop()` ends the batch between leases: the finished ones are completed, the one in flight
+    is committed (after a notice or leave; a stop lets it finish), and the unstarted ones are
+    released (handed back, not a failure), so nothing is lost and nothing runs twice. B = 1 is the
+    old loop: pull one, run it, report it.
+
     `sp` (a `runtime.sp_group.SPMembership`) makes the worker one rank of an SP rollout group
     (`runtime.sp_group`): `serve()` first joins the group, then the group serves as one worker.
     `group_name` is the name the group is known by in the queue: its leader's (rank 0) name.
@@ -167,7 +178,7 @@ class RolloutWorker:
 
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
                  commit_every: int = 0, kinds=None, hold_at_step: int | None = None,
-                 sp=None, group_name: str | None = None):
+                 sp=None, group_name: str | None = None, heartbeat_s: float = 5.0):
         from roll_spotlight.dispatch.actor import QueueClient
         from roll_spotlight.runtime.executor import RolloutExecutor
 
@@ -191,6 +202,11 @@ class RolloutWorker:
         self._held = threading.Event()
         self._release = threading.Event()
         self._progress: tuple[int, int] | None = None  # (steps reached, last step the queue holds)
+        self._unreported = 0  # steps of finished leases whose results are not yet with the queue
+        self.heartbeat_s = heartbeat_s  # keep well under the queue's lease_s (30 s by default)
+        self._extended = 0.0  # time.monotonic() when the queue last extended this worker's leases
+        self._last_call_s = 0.0
+        self._queue_use = {"calls": 0, "queue_s": 0.0, "run_s": 0.0, "empty_pulls": 0, "idle_s": 0.0}
         self.events: list[dict] = []
 
     def _ensure_version(self, version: int) -> None:
@@ -226,16 +242,87 @@ class RolloutWorker:
             self._set_group(sp, group_name)
         if self.sp is not None:
             return self._serve_group()
-        idle = 0.002
-        while not self._stop.is_set() and not self._notice.is_set() and not self._leave.is_set():
-            leases = self.client.pull(1, kinds=self.kinds)
+        done, idle = [], 0.002
+        while not self._ending():
+            leases, done = self._lease(done), []
             if not leases:
                 time.sleep(idle)
                 idle = min(idle * 2, 0.05)
                 continue
             idle = 0.002
-            self._run(leases[0])
+            done = self._run_batch(leases)
+        self._report(done)
         return dict(self.counters)
+
+    def _ending(self) -> bool:
+        """This serve() ends: a stop, a notice or a leave_group() (this worker's own flags)."""
+        return self._stop.is_set() or self._notice.is_set() or self._leave.is_set()
+
+    def _queue_call(self, method: str, *args, **kwargs):
+        """``self.client.<method>(...)``, its time counted in `queue_use()`."""
+        start = time.perf_counter()
+        try:
+            return getattr(self.client, method)(*args, **kwargs)
+        finally:
+            self._last_call_s = time.perf_counter() - start
+            self._queue_use["calls"] += 1
+            self._queue_use["queue_s"] += self._last_call_s
+
+    def _lease(self, done: list) -> list:
+        """Report the finished ``(lease, output)`` pairs of the last batch and lease the next one
+        in one round trip (the queue's ``dispatch.pull_batch`` requests at most)."""
+        if done:
+            _, leases = self._queue_call("complete_and_pull", done, kinds=self.kinds)
+            self._unreported = 0
+        else:
+            leases = self._queue_call("pull_batch", kinds=self.kinds)
+        if leases:
+            self._extended = time.monotonic()
+        else:  # idle polling: time with nothing to do, not the queue's cost
+            self._queue_use["empty_pulls"] += 1
+            self._queue_use["idle_s"] += self._last_call_s
+            self._queue_use["queue_s"] -= self._last_call_s
+        return leases
+
+    def _report(self, done: list) -> None:
+        """Complete finished ``(lease, output)`` pairs without leasing more (the serve is ending)."""
+        if done:
+            self._queue_call("complete_many", done)
+            self._unreported = 0
+
+    def _run_batch(self, leases: list, group=None) -> list:
+        """Run ``leases`` in order; returns the finished ``(lease, output)`` pairs for the next pull
+        to report (a follower's list stays empty). Between leases a stop, notice or leave (on any
+        rank of a group) ends the batch: the leader completes what finished, its commit of the
+        lease in flight is already in, and it releases the leases not started; returns []."""
+        from roll_spotlight.runtime.executor import Finished
+
+        done, started = [], 0
+        for lease in leases:
+            if started and (self._ending() if group is None else group.any(self._ending())):
+                break
+            if started and self.leader:
+                self._keep_leases()
+            started += 1
+            outcome = self._run(lease, group)
+            if not isinstance(outcome, Finished):
+                break  # committed (a notice or leave in flight)
+            if self.leader:
+                done.append((lease, outcome.output))
+        else:
+            return done
+        if self.leader:
+            self._report(done)
+            if started < len(leases):
+                self._queue_call("release")  # the unstarted ones: every lease still held
+        return []
+
+    def _keep_leases(self) -> None:
+        """Extend the batch's unstarted leases (one heartbeat for all) when ``heartbeat_s`` has
+        passed since the queue last did: a batch outlives one lease otherwise."""
+        if time.monotonic() - self._extended >= self.heartbeat_s:
+            self._queue_call("heartbeat")
+            self._extended = time.monotonic()
 
     def _set_group(self, sp, group_name: str | None) -> None:
         from roll_spotlight.dispatch.actor import QueueClient
@@ -254,22 +341,27 @@ class RolloutWorker:
         self.counters["groups_joined"] += 1
         self.events.append({"worker": self.name, "phase": "sp_join", "start": t0, "end": time.time(),
                             "prefix": self.sp.prefix, "size": self.sp.size})
-        idle = 0.002
+        done, idle = [], 0.002
         try:
-            while not group.any(self._stop.is_set() or self._notice.is_set() or self._leave.is_set()):
-                lease = group.lead(lambda: next(iter(self.client.pull(1, kinds=self.kinds)), None))
-                if lease is None:
+            while not group.any(self._ending()):
+                leases = group.lead(lambda: self._lease(done))  # the batch, on every rank
+                done = []
+                if not leases:
                     if group.leader:  # the others wait in the next collective
                         time.sleep(idle)
                         idle = min(idle * 2, 0.05)
                     continue
                 idle = 0.002
-                self._run(lease, group)
+                done = self._run_batch(leases, group)
+            if self.leader:
+                self._report(done)
         finally:
             group.close()
         return dict(self.counters)
 
-    def _run(self, lease, group=None) -> None:
+    def _run(self, lease, group=None):
+        """Run one lease; the leader commits it if it stopped early. Returns the outcome (a
+        finished one is reported with the batch)."""
         from roll_spotlight.runtime.executor import Finished
 
         t0 = time.time()
@@ -281,21 +373,23 @@ class RolloutWorker:
                                     decode=self.leader)
         self._progress = (start + outcome.steps_run, self._progress[1])
         self.counters["steps"] += outcome.steps_run
+        self._queue_use["run_s"] += time.time() - t0
         if not self.leader:  # the leader hands the result or the state to the queue
             self._progress = None
             self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
-            return
+            return outcome
         if isinstance(outcome, Finished):
-            self.client.complete(lease, outcome.output)
+            self._unreported += outcome.steps_run  # lost if killed before the batch is reported
             self.counters["completed"] += 1
         else:
-            self.client.commit(outcome.state)
+            self._queue_call("commit", outcome.state)
             self.counters["committed"] += 1
         self._progress = None
         now = time.time()
         self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": now})
         if not isinstance(outcome, Finished):
             self.events.append({"worker": self.name, "phase": "commit", "start": now, "end": now})
+        return outcome
 
     def _should_stop(self) -> bool:
         """Polled by the executor after every step but the last: counts progress, honours a hold."""
@@ -307,7 +401,7 @@ class RolloutWorker:
         return self._notice.is_set() or self._leave.is_set()
 
     def _checkpoint(self, state) -> None:
-        self.client.checkpoint(state)
+        self._queue_call("checkpoint", state)
         self._progress = (self._progress[0], state.step_index)
 
     def notify_preemption(self, seconds_left: float) -> None:
@@ -335,15 +429,23 @@ class RolloutWorker:
         return self.version
 
     def prepare_standby(self) -> int:
-        """Map the node's shared-memory object store now (a process pays about 60 ms for its
-        first read of a large object), so that a worker kept for recovery pays it before a
-        peer's weights are on the critical path. Returns the process id."""
+        """Pay a new process's first-use costs before it is on a critical path: map the node's
+        shared-memory object store (about 60 ms for a first read of a large object) and run one
+        two-step rollout of the empty prompt, discarded (a process's first forward pass costs
+        about half a step more than later ones: allocator and kernel set-up). The spot launcher
+        admits a node's workers into SP groups only after this. Returns the process id."""
         import os
 
         import numpy as np
         import ray
 
+        from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
+        from roll_spotlight.dispatch.requests import Lease, Request
+
         ray.get(ray.put(np.zeros(1 << 18, dtype=np.uint8)))  # above Ray's inline limit: a store object
+        spec = RequestSpec(0, "", 0, Schedule(num_steps=2, noise_level=0.7), 0, RequestKind.ROLLOUT, 0)
+        self.executor.run(Lease(0, Request.from_spec(0, spec), self.name, float("inf"), None, 1))
+        self.executor.invalidate()  # the warm-up's prompt encoding is not kept
         return os.getpid()
 
     def publish_weights(self) -> tuple[int | None, list]:
@@ -418,7 +520,14 @@ class RolloutWorker:
         if not self.leader:  # an SP follower holds no lease; its leader reports the group's steps
             return 0
         progress = self._progress
-        return 0 if progress is None else progress[0] - progress[1]
+        return self._unreported + (0 if progress is None else progress[0] - progress[1])
+
+    def queue_use(self) -> dict:
+        """The worker's time with the queue: ``calls`` (every pull, report, commit, checkpoint,
+        heartbeat and release), ``queue_s`` their round trips but for the ``empty_pulls`` (pulls
+        that leased nothing: idle polling, their ``idle_s`` apart), beside ``run_s`` (running
+        leases); ``queue_s / (queue_s + run_s)`` is the queue's share of a busy worker's time."""
+        return dict(self._queue_use)
 
     def wait_held(self, timeout_s: float) -> bool:
         return self._held.wait(timeout_s)

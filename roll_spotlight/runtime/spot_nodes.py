@@ -113,7 +113,7 @@ class RayWorkerLauncher:
                 worker, self.policy_path, self.queue, self.store, threads=self.threads,
                 commit_every=self.commit_every, **self.worker_kwargs(node_id))
             self.workers[worker], self.members[worker] = handle, (node_id, gpu)
-            self._ready[worker] = handle.stats.remote()
+            self._ready[worker] = handle.prepare_standby.remote()  # loaded and warmed up
             if not self.elastic:
                 self._serving[worker] = handle.serve.remote()
         if self.elastic:
@@ -193,7 +193,8 @@ class RayWorkerLauncher:
         unsaved = self._unsaved_steps(name)
         for worker in self.nodes[name]:
             handle = self.workers.pop(worker, None)
-            self._keep_timeline(worker, handle, "preempted")
+            # a worker still loading has no phases yet: do not wait on it for them
+            self._keep_timeline(worker, handle if self._started(worker) else None, "preempted")
             if handle is not None:
                 ray.kill(handle, no_restart=True)
             self._serving.pop(worker, None)
@@ -211,6 +212,13 @@ class RayWorkerLauncher:
             self.groups.regroup(lost=lost)
             self._requeued[name] = self._requeued.get(name, 0) + self.groups.requeued - before
 
+    def _started(self, worker: str) -> bool:
+        """Has the worker finished loading (and warming up)?"""
+        import ray
+
+        ref = self._ready.get(worker)
+        return ref is not None and bool(ray.wait([ref], timeout=0)[0])
+
     def _unsaved_steps(self, name: str) -> int:
         """What the node's workers would lose if killed now (a group's lease counted once, by its
         leader); 0 for a worker still starting or already dead."""
@@ -219,8 +227,8 @@ class RayWorkerLauncher:
 
         total = 0
         for worker in self.nodes[name]:
-            handle, ref = self.workers.get(worker), self._ready.get(worker)
-            if handle is None or ref is None or not ray.wait([ref], timeout=0)[0]:
+            handle = self.workers.get(worker)
+            if handle is None or not self._started(worker):
                 continue
             if self.elastic and not self._leads_a_group(self.members[worker]):
                 continue
@@ -309,7 +317,7 @@ class RayWorkerLauncher:
         return sorted(died)
 
     def _node_of(self, worker: str) -> str:
-        return worker.split("/g", 1)[0]
+        return next(name for name, workers in self.nodes.items() if worker in workers)
 
     def _end_node(self, name: str) -> None:
         import ray
