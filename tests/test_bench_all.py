@@ -305,6 +305,13 @@ def test_report_lists_the_planner_budget_and_ablation():
     older = {k: v for k, v in planner.items() if k not in ("planner_unscreened_over_oracle", "setup")}
     older_text = _mechanism_section({"mechanisms": {"planner": older}}, {})
     assert "screening" not in older_text and "budget" not in older_text
+    swept = planner | {"budget_sweep": [{"seeds_per_prompt": 4.0, "planner_over_oracle": 0.9098, "planner_over_uniform": 1.21},
+                                        {"seeds_per_prompt": 6.375, "planner_over_oracle": 0.9626,
+                                         "planner_over_uniform": 1.34}]}
+    swept_text = _mechanism_section({"mechanisms": {"planner": swept}}, {})
+    assert ("| planner | planner_over_oracle across budgets (explored seeds per prompt: ratio) | 4: 0.910; "
+            "6.375: 0.963 | >= 0.9 | - |") in swept_text
+    assert "planner_over_uniform across budgets" in swept_text and "across budgets" not in text
 
 
 def test_report_mean_rank_skips_undefined_correlations():

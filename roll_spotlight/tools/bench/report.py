@@ -414,6 +414,12 @@ def _mechanism_section(result, figs) -> str:
             per_prompt = setup["budget_pulls"] * setup["seeds_per_pull"] / setup["n_prompts"]
             lines.append(f"| planner | budget: explored seeds per prompt (groups of {setup['group_size']}; "
                          f"the simulator's cost model at 512x512) | {per_prompt:.2f} | - | - |")
+        sweep = [r for r in p.get("budget_sweep") or [] if r.get("planner_over_oracle") is not None]
+        for key, target in (("planner_over_oracle", ">= 0.9"), ("planner_over_uniform", ">= 1.2")):
+            if sweep and all(r.get(key) is not None for r in sweep):
+                cells = "; ".join(f"{r['seeds_per_prompt']:g}: {r[key]:.3f}" for r in sweep)
+                lines.append(f"| planner | {key} across budgets (explored seeds per prompt: ratio) | {cells} "
+                             f"| {target} | - |")
     g = mech.get("regroup") or {}
     if "warm_regroup_median_s" in g:
         lost = " (time lost)" if "definition" in g else ""
