@@ -163,7 +163,7 @@ def local_ray():
 def _spot_pipeline_cls():
     """SpotlightPipeline whose pool replays a market of one spot node that joins at once and stays."""
     from roll_spotlight.roll import SpotlightPipeline
-    from roll_spotlight.runtime.spot_pool import start_training_pool, training_market
+    from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool, training_market
     from roll_spotlight.spot import EventList, NodeEvent, Trace
 
     trace = Trace(name="one-node", kind="events", measures="running", provider="aws",
@@ -172,10 +172,11 @@ def _spot_pipeline_cls():
     class OneSpotNode(SpotlightPipeline):
         def make_spot_pool(self, queue):
             self._check_spot(self.pipeline_config)
-            spot = self.pipeline_config.spot.run_config()
+            spot, elastic = self.pipeline_config.spot.run_config(), self.pipeline_config.elastic
             return start_training_pool(spot, self.base_path, queue, self.store, ondemand_gpus=3,
                                        market=training_market(spot, trace),
-                                       sp_degree=self.pipeline_config.elastic.sp_degree)
+                                       elastic=spot_elastic(self.run_config.model, elastic.sp_degree,
+                                                            elastic.group_timeout_s, self.base_path))
 
     return OneSpotNode
 
@@ -217,10 +218,13 @@ def test_pool_baseline_reaches_the_roll_trainer_like_the_reference(workdir, loca
 @pytest.mark.ray
 def test_sp_groups_of_rollout_ranks_and_of_a_spot_node_train_like_the_reference(workdir, local_ray):
     """elastic.sp_degree=2: the two rollout ranks drain the queue as one SP group and the spot
-    node runs a group of two workers (both spot_gpu units); the curve matches SP 1's reference."""
+    node's two workers (spot.gpus_per_node=2, both spot_gpu units) join one elastic SP group; the
+    curve matches SP 1's reference."""
     rows = _run_like_the_reference(workdir, "pull_spot_sp2", _spot_pipeline_cls(), "dispatch.mode=pull",
-                                   "spot.enabled=true", "exploration.mode=off", "elastic.sp_degree=2")
+                                   "spot.enabled=true", "exploration.mode=off", "elastic.sp_degree=2",
+                                   "spot.gpus_per_node=2")
     assert rows[2]["spot/nodes_started"] == 1 and rows[2]["spot/requests_failed"] == 0
+    assert rows[-1]["spot/regroups"] == 1 and rows[-1]["spot/newcomer_weights_same_node_peer"] == 1
 
 
 @pytest.mark.slow
