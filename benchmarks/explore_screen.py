@@ -8,7 +8,7 @@
 The reward regime is the config's `reward` section, so `-o reward.kwargs.mode=strict|partial|mix`
 varies it (validation then scores the same reward; strict accuracy is recorded beside it). Each
 update is appended to `--jsonl` (default: `--out` with .jsonl) as it finishes, so a stopped screen
-loses nothing; `--summarise-jsonl FILE` prints the table of such a file's complete replicates.
+loses nothing; `--summarise-jsonl FILE...` prints the table of such files' complete replicates.
 
 A cheap screen before convergence runs. Each replicate draws one iteration's prompts (the run's
 `iteration_specs` of a high iteration number) and, per prompt, `max(pools) x group_size` seeds, and
@@ -127,13 +127,15 @@ def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baseli
     return out
 
 
-def replicates_from_jsonl(path) -> list[dict]:
-    """The complete replicates (every setting the first one has) of a screen's JSONL, in order."""
+def replicates_from_jsonl(paths) -> list[dict]:
+    """The complete replicates (every setting the fullest one has) of one or more screen JSONLs (a
+    screen resumed with --first-replicate writes a second file), in replicate order."""
     reps: dict[int, dict] = {}
-    for text in Path(path).read_text().splitlines():
-        if text.strip():
-            row = json.loads(text)
-            reps.setdefault(row["replicate"], {"replicate": row["replicate"], "settings": {}})["settings"][row["setting"]] = row
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for text in Path(path).read_text().splitlines():
+            if text.strip():
+                row = json.loads(text)
+                reps.setdefault(row["replicate"], {"replicate": row["replicate"], "settings": {}})["settings"][row["setting"]] = row
     ordered = [reps[k] for k in sorted(reps)]
     if not ordered:
         return []
@@ -185,13 +187,23 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/results/explore_screen.json")
     p.add_argument("--jsonl", default=None, help="one line per update, written as it finishes (default: --out .jsonl)")
-    p.add_argument("--summarise-jsonl", default=None, help="print the table of this JSONL's complete replicates and exit")
+    p.add_argument("--summarise-jsonl", nargs="+", default=None,
+                   help="print the table of these JSONLs' complete replicates and exit")
+    p.add_argument("--summary-out", default=None, help="with --summarise-jsonl: also write the summary JSON here")
     args = p.parse_args(argv)
     if args.summarise_jsonl:
         reps = replicates_from_jsonl(args.summarise_jsonl)
         if len(reps) < 2:
-            raise SystemExit(f"{args.summarise_jsonl}: {len(reps)} complete replicates; the test needs 2 or more")
-        print(table(summarise(reps)))
+            raise SystemExit(f"{' '.join(args.summarise_jsonl)}: {len(reps)} complete replicates; the test needs 2 or more")
+        summary = summarise(reps)
+        if args.summary_out:
+            Path(args.summary_out).write_text(json.dumps(
+                {"kind": "measured", "jsonl": args.summarise_jsonl, "replicates_complete": [r["replicate"] for r in reps],
+                 "reward_kwargs": reps[0]["settings"]["vanilla"].get("reward_kwargs"),
+                 "settings_tested": len(summary) - 1,
+                 "test": "per replicate d = setting's validation change - vanilla's; mean d / se over replicates, "
+                         "two-sided Student t with replicates - 1 df", "summary": summary}, indent=2))
+        print(table(summary))
         return 0
     setting_names(args.pools, args.selections, args.baselines, args.only)  # fail on a bad --only before the base loads
 
