@@ -235,3 +235,34 @@ def test_large_cluster_plan_is_valid_deterministic_and_keeps_most_survivors() ->
     sizes = degree_profile(len(in_groups), valid_degrees(24, 8))
     assert sorted((g.degree for g in plan.groups), reverse=True) == list(sizes)
     assert moves(previous, plan) == len(in_groups) - _kept_bound(previous, live, sizes)
+
+
+def test_survivors_below_the_minimum_degree_wait_and_merge_with_a_newcomer() -> None:
+    """min_degree=4 (a model that fits only split four ways): node b's loss leaves a's two GPUs
+    unable to form a group, so they wait; node c's arrival lets them form a group of 4 again."""
+    from roll_spotlight.elastic.planner import floor_profile
+
+    full = plan_groups({"a": [0, 1], "b": [0, 1]}, num_heads=24, preferred_degree=4, min_degree=4)
+    assert [g.degree for g in full.groups] == [4] and full.idle == ()
+    lost = plan_groups({"a": [0, 1]}, num_heads=24, preferred_degree=4, min_degree=4, previous=full)
+    assert lost.groups == () and lost.idle == (("a", 0), ("a", 1))
+    again = plan_groups({"a": [0, 1], "c": [0, 1]}, num_heads=24, preferred_degree=4, min_degree=4, previous=lost)
+    assert [g.members for g in again.groups] == [(("a", 0), ("a", 1), ("c", 0), ("c", 1))] and again.idle == ()
+    # without the floor the same survivors re-form a group of 2 at once
+    shrunk = plan_groups({"a": [0, 1]}, num_heads=24, preferred_degree=4, previous=full)
+    assert [g.degree for g in shrunk.groups] == [2] and shrunk.idle == ()
+    # the most GPUs in groups, not greedy: 9 GPUs in degrees {6, 4} are 4 + 4 (1 waits), not 6 (3 wait)
+    assert floor_profile(10, [6, 4]) == (6, 4) and floor_profile(9, [6, 4]) == (4, 4)
+
+
+def test_newcomers_wait_before_survivors_and_unknown_floors_are_rejected() -> None:
+    full = plan_groups({"a": [0, 1, 2, 3]}, num_heads=24, preferred_degree=4, min_degree=4)
+    grown = plan_groups({"a": [0, 1, 2, 3], "b": [0, 1]}, num_heads=24, preferred_degree=4, min_degree=4,
+                        previous=full)
+    assert grown.groups == full.groups and grown.idle == (("b", 0), ("b", 1))
+    with pytest.raises(ValueError, match="min_degree=5"):
+        plan_groups({"a": [0]}, num_heads=24, preferred_degree=4, min_degree=5)
+    from roll_spotlight.elastic.groups import ElasticGroupsConfig
+
+    with pytest.raises(ValueError, match=r"elastic.min_sp_degree=3 must be one of the valid SP degrees \[1, 2, 4\]"):
+        ElasticGroupsConfig(num_heads=8, preferred_degree=4, min_degree=3)

@@ -107,6 +107,7 @@ def test_shared_sections_are_the_standalone_hosts_classes():
     ({"spot": {"enabled": True, "gpus_per_node": 3}, "elastic": {"sp_degree": 2}},
      "spot.gpus_per_node=3 does not fit elastic.sp_degree=2"),
     ({"spot": {"enabled": True, "max_workers": 1}, "elastic": {"sp_degree": 4}}, "spot.max_workers=1"),
+    ({"elastic": {"sp_degree": 4, "min_sp_degree": 3}}, "elastic.min_sp_degree"),
 ])
 def test_bad_recipes_fail_naming_the_key(change, fragment):
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")

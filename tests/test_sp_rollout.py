@@ -275,7 +275,8 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
     host.close()
 
 
-def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, int], no_notice: bool = False):
+def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, int], no_notice: bool = False,
+               min_degree: int = 1):
     """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
     to ``degree``; ``hold`` parks a node's workers after that step (node id -> step)."""
     from roll_spotlight.runtime.sp_group import elastic_groups_config
@@ -285,7 +286,7 @@ def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, in
 
     trace = Trace(name="nodes", kind="events", measures="running", provider="aws",
                   zones={"z": EventList(tuple(rows), 0.0, 200.0)}, gpu_type="V100")
-    elastic = elastic_groups_config(cfg.model, degree, timeout_s=60.0, cuda=False)
+    elastic = elastic_groups_config(cfg.model, degree, timeout_s=60.0, cuda=False, min_degree=min_degree)
     launcher = RayWorkerLauncher(str(path), queue, store, gpus_per_node=2, elastic=elastic,
                                  worker_kwargs=lambda node: {"hold_at_step": hold[node]} if node in hold else {})
     market = SpotMarket(trace, MarketConfig(notice_s=10.0))
@@ -341,6 +342,33 @@ def test_spot_nodes_form_groups_and_a_notice_regroups_the_survivors_4_2_4(cfg, r
     metrics = regroup_metrics(launcher.regroups)
     assert (metrics["spot/regroups_after_loss"], metrics["spot/newcomer_weights_same_node_peer"]) == (1, 3)
     assert 0 < metrics["spot/regroup_s_per_loss"] <= metrics["spot/regroup_s_max"]
+    pool.close(100.0)
+
+
+@pytest.mark.ray
+def test_survivors_below_the_minimum_degree_wait_for_a_newcomer_and_resume_together(cfg, ray_cluster, reference):
+    """elastic min degree 4: after b's notice a's two workers cannot run alone, so they wait (no
+    group) and the committed lease waits in the queue; c's arrival forms a group of 4 with them
+    that resumes it, bit for bit."""
+    from roll_spotlight.spot import NodeEvent
+
+    ray, path = ray_cluster
+    store, queue = _store_and_queue(cfg)
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"), NodeEvent(95.0, "add", "c"),
+            NodeEvent(100.0, "remove", "b"))
+    launcher, pool = _spot_pool(cfg, path, queue, store, rows, degree=4, hold={"z/b": 3}, min_degree=4)
+    pool.poll(0.0)
+    assert launcher.wait_ready(180) and _degrees(launcher) == [4]
+    ray.get(queue.submit.remote([_spec()]))
+    _held(ray, launcher, "z/b")
+    pool.poll(95.0)  # b's notice: the group commits at step 3; a cannot form a group alone
+    assert launcher.groups.plan.groups == () and launcher.groups.plan.idle == (("z/a", 0), ("z/a", 1))
+    assert ray.get(queue.counts.remote()) == (1, 0), "the committed lease waits for a group"
+    assert launcher.wait_ready(180) and _degrees(launcher) == [4], "c and a merged into a group of 4"
+    completion = _wait_for_completion(ray, queue, tick=lambda: pool.poll(95.0))
+    pool.poll(100.0)
+    assert completion.output.resumed_from == 3
+    assert np.array_equal(completion.output.latents, reference.latents)
     pool.close(100.0)
 
 

@@ -11,7 +11,8 @@ re-forms them after losses and arrivals. One regroup (:meth:`ElasticGroups.regro
        same-node peer, else another node's; with no peer the weight store serves their first
        lease): zero-copy shared memory on CPU, a device-to-device broadcast on GPUs;
     3. the pure planner (`planner.plan_groups`) maps the live workers to groups of valid degrees,
-       keeping survivors together;
+       keeping survivors together; workers no group of at least ``min_degree`` can hold wait
+       (``Plan.idle``) until newcomers let them merge;
     4. every group that changes is left by its surviving members (`leave_group`: commit after the
        step in hand), and the driver waits until each of its members' `serve()` returned;
     5. each new group forms under a fresh generation prefix (`comm.generation_prefix`), which is
@@ -49,7 +50,9 @@ class ElasticGroupsConfig:
     tokens per request); ``preferred_degree``: the SP degree groups take when enough workers live
     (``elastic.sp_degree``); ``timeout_s``: group formation and collectives; ``cuda``: workers
     hold their policy on a GPU (weights then move device to device); ``name``: prefix of every
-    group's store keys and queue name (several pools may share one rendezvous)."""
+    group's store keys and queue name (several pools may share one rendezvous); ``min_degree``
+    (``elastic.min_sp_degree``): the smallest group that can run, e.g. the degree a 1280x1280
+    model needs to fit in memory; survivors below it wait for newcomers instead of re-forming."""
 
     num_heads: int
     preferred_degree: int
@@ -57,9 +60,13 @@ class ElasticGroupsConfig:
     timeout_s: float = 60.0
     cuda: bool = False
     name: str = "elastic"
+    min_degree: int = 1
 
     def __post_init__(self) -> None:
-        valid_degrees(self.num_heads, self.preferred_degree, self.num_tokens)  # raises naming both
+        degrees = valid_degrees(self.num_heads, self.preferred_degree, self.num_tokens)  # raises naming both
+        if self.min_degree not in degrees:
+            raise ValueError(f"elastic.min_sp_degree={self.min_degree} must be one of the valid SP degrees "
+                             f"{sorted(degrees)} (divisors of the heads and tokens up to elastic.sp_degree)")
         if not self.timeout_s > 0:
             raise ValueError(f"ElasticGroupsConfig.timeout_s={self.timeout_s} must be > 0")
         if not self.name or "/" in self.name:
@@ -134,7 +141,7 @@ class ElasticGroups:
         for node, gpu in sorted(self.workers):
             live.setdefault(node, []).append(gpu)
         new = plan_groups(live, num_heads=self.config.num_heads, preferred_degree=self.config.preferred_degree,
-                          num_tokens=self.config.num_tokens, previous=self.plan)
+                          num_tokens=self.config.num_tokens, previous=self.plan, min_degree=self.config.min_degree)
         if new is self.plan:
             return None
         new = replace(new, generation=next(self._generations))

@@ -80,10 +80,12 @@ class Plan:
 
     groups: tuple[SPGroup, ...]
     generation: int
+    idle: tuple[Member, ...] = ()  # live GPUs no group of at least the minimum degree can hold
 
     def __post_init__(self) -> None:
         seen = [m for g in self.groups for m in g.members]
         assert len(seen) == len(set(seen)), "a GPU is in two groups"
+        assert not set(seen) & set(self.idle), "a GPU is both idle and in a group"
         assert self.generation >= 0, self.generation
 
     @property
@@ -140,6 +142,17 @@ def degree_profile(total: int, degrees: Sequence[int]) -> tuple[int, ...]:
         count, remaining = divmod(remaining, degree)
         sizes.extend([degree] * count)
     return tuple(sizes)
+
+
+def floor_profile(total: int, degrees: Sequence[int]) -> tuple[int, ...]:
+    """Group sizes for ``total`` GPUs when some counts cannot be covered (1 is not a valid
+    degree): the most GPUs in groups, then the largest groups first; the rest wait."""
+    best: list[tuple[int, ...] | None] = [()] + [None] * total
+    for n in range(1, total + 1):
+        options = [best[n - d] + (d,) for d in degrees if d <= n and best[n - d] is not None]
+        best[n] = max((tuple(sorted(o, reverse=True)) for o in options), default=None)
+    used = max(n for n in range(total + 1) if best[n] is not None)
+    return best[used]
 
 
 def degree_for_resolution(
@@ -446,11 +459,21 @@ def plan_groups(
     preferred_degree: int,
     previous: Plan | None = None,
     num_tokens: int | None = None,
+    min_degree: int = 1,
 ) -> Plan:
     """Assign the live GPUs (node -> GPU ids) to SP groups; see the module docstring for the
-    objective. Returns ``previous`` itself when nothing changes."""
+    objective. ``min_degree``: the smallest group that can run (a model that fits in memory only
+    when split that many ways); GPUs no such group can hold wait in ``Plan.idle`` (newcomers
+    first, then survivors of the smallest broken groups) until newcomers let them merge. Returns
+    ``previous`` itself when nothing changes."""
     members = _live_members(live)
-    sizes = degree_profile(len(members), valid_degrees(num_heads, preferred_degree, num_tokens))
+    degrees = [d for d in valid_degrees(num_heads, preferred_degree, num_tokens) if d >= min_degree]
+    if not degrees:
+        raise ValueError(f"min_degree={min_degree}: no valid SP degree between it and "
+                         f"preferred_degree={preferred_degree} (heads {num_heads}, tokens {num_tokens})")
+    sizes = degree_profile(len(members), degrees) if 1 in degrees else floor_profile(len(members), degrees)
+    idle = _choose_idle(members, previous, len(members) - sum(sizes))
+    members = [m for m in members if m not in idle]
     fragments = _fragments(previous, set(members))
     best: list[_Slot] | None = None
     budget = _Budget(_EXCHANGE_CAP)
@@ -463,6 +486,16 @@ def plan_groups(
     assert best is not None
     slots = _improve_locality(best, _Budget(_EXCHANGE_CAP), plateau_cap=_PLATEAU_CAP)
     groups = tuple(sorted((_group(s.members) for s in slots), key=lambda g: (-g.degree, g.members)))
-    if previous is not None and set(groups) == set(previous.groups):
+    if previous is not None and set(groups) == set(previous.groups) and idle == previous.idle:
         return previous
-    return Plan(groups=groups, generation=0 if previous is None else previous.generation + 1)
+    return Plan(groups=groups, generation=0 if previous is None else previous.generation + 1, idle=idle)
+
+
+def _choose_idle(members: list[Member], previous: Plan | None, count: int) -> tuple[Member, ...]:
+    """The ``count`` GPUs that wait: newcomers (in no previous group) first, then survivors of
+    the smallest previous groups; ties by member order."""
+    if count <= 0:
+        return ()
+    fragment = {m: len(g.members) for g in (previous.groups if previous else ()) for m in g.members}
+    order = sorted(members, key=lambda m: (m in fragment, fragment.get(m, 0), m))
+    return tuple(sorted(order[:count]))

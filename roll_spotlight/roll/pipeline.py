@@ -122,7 +122,8 @@ class SpotlightPipeline(BasePipeline):
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
         source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
-        elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source)
+        elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
+                               min_degree=cfg.elastic.min_sp_degree)
         return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
                                    elastic=elastic)
 

@@ -122,16 +122,22 @@ class ElasticConfig:
     (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it.
     The spot workers (``spot.gpus_per_node`` per node) are elastic SP members: `elastic.groups.
     ElasticGroups` forms groups of up to this degree across nodes and re-forms them from the
-    survivors after a preemption. ``group_timeout_s`` is how long a rollout SP
+    survivors after a preemption; ``min_sp_degree`` is the smallest group that can run (the
+    degree the model needs to fit in memory): survivors below it wait for a newcomer instead of
+    re-forming smaller. ``group_timeout_s`` is how long a rollout SP
     group's collectives wait for a member (long enough for a member to load a new weight version
     while the others wait); a member silent for longer fails its group.
     """
 
     sp_degree: int = 1
+    min_sp_degree: int = 1
     group_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _positive_int("elastic.sp_degree", self.sp_degree)
+        _positive_int("elastic.min_sp_degree", self.min_sp_degree)
+        _check(self.min_sp_degree <= self.sp_degree and self.sp_degree % self.min_sp_degree == 0,
+               "elastic.min_sp_degree", self.min_sp_degree, f"must divide elastic.sp_degree={self.sp_degree}")
         for key in ("group_timeout_s",):
             value = getattr(self, key)
             _check(math.isfinite(value) and value > 0, f"elastic.{key}", value, "must be a finite number > 0")

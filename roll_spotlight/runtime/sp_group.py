@@ -106,13 +106,14 @@ def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int, degree
                          f"hold one SP group of {degree_key}={degree}")
 
 
-def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot"):
+def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot",
+                          min_degree: int = 1):
     """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model."""
     from roll_spotlight.elastic.groups import ElasticGroupsConfig
 
     heads, tokens = sp_shape(model_cfg)
     return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
-                               cuda=cuda, name=name)
+                               cuda=cuda, name=name, min_degree=min_degree)
 
 
 def open_rendezvous(all_local: bool) -> "RendezvousHost":

@@ -215,14 +215,15 @@ def wall_clock() -> Callable[[], float]:
     return lambda: time.monotonic() - t0
 
 
-def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path):
+def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degree: int = 1):
     """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
     if degree == 1:
         return None
     from roll_spotlight.models.source import worker_gpus
     from roll_spotlight.runtime.sp_group import elastic_groups_config
 
-    return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0)
+    return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0,
+                                 min_degree=min_degree)
 
 
 def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
