@@ -35,6 +35,17 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch at one thread for a module's tests (they share 2 cores with Ray workers)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_roll = pytest.mark.skip(reason="ROLL is not importable")
     skip_gpu = pytest.mark.skip(reason="CUDA is not available")

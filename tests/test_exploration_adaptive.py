@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from roll_spotlight.exploration import (
     AdaptiveBudget,
@@ -121,12 +120,7 @@ ADAPTIVE = ["exploration.mode=stale", "exploration.seeds_per_prompt=6", "explora
             "eval_steps=0"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _adaptive_run(tmp_path, name, reward):

@@ -40,14 +40,7 @@ SPOT = ("spot-0", "spot-1")
 ONDEMAND = "ondemand-0"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ------------------------------------------------------------------------------------------------

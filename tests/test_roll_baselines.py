@@ -5,17 +5,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from tests.runtime_helpers import random_policy, tiny_config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class _TrainerCluster:

@@ -15,12 +15,7 @@ from tests.runtime_helpers import random_policy, tiny_config
 EXPLORE = ["exploration.seeds_per_prompt=6", "exploration.seeds_per_pull=2", "exploration.min_seeds_before_abandon=2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _run(tmp_path, name, *extra, **kw):

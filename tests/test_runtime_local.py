@@ -3,7 +3,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from roll_spotlight.runtime.coordinator import iteration_specs
 from roll_spotlight.startup import start_run
@@ -12,12 +11,7 @@ from roll_spotlight.training.tasks import train_pool
 from tests.runtime_helpers import random_policy, tiny_config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _run(tmp_path, name, cfg, **kw):

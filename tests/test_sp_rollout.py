@@ -279,7 +279,7 @@ def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, in
                min_degree: int = 1):
     """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
     to ``degree``; ``hold`` parks a node's workers after that step (node id -> step)."""
-    from roll_spotlight.runtime.sp_group import elastic_groups_config
+    from roll_spotlight.runtime.spot_pool import elastic_groups_config
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
     from roll_spotlight.spot import EventList, MarketConfig, SpotMarket, Trace
     from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig

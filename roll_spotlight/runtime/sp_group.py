@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
     from roll_spotlight.elastic.rendezvous import Rendezvous, RendezvousHost
 
-__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "check_spot_placement", "elastic_groups_config",
-           "group_memberships", "open_rendezvous", "sp_shape"]
+__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "check_spot_placement", "group_memberships",
+           "open_rendezvous", "sp_shape"]
 
 
 @dataclass(frozen=True)
@@ -104,16 +104,6 @@ def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int, degree
     if gpus_per_node * max_nodes < degree:
         raise ValueError(f"{nodes_key}={max_nodes} nodes x {gpus_key}={gpus_per_node} GPUs cannot "
                          f"hold one SP group of {degree_key}={degree}")
-
-
-def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot",
-                          min_degree: int = 1):
-    """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model."""
-    from roll_spotlight.elastic.groups import ElasticGroupsConfig
-
-    heads, tokens = sp_shape(model_cfg)
-    return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
-                               cuda=cuda, name=name, min_degree=min_degree)
 
 
 def open_rendezvous(all_local: bool) -> "RendezvousHost":

@@ -215,12 +215,22 @@ def wall_clock() -> Callable[[], float]:
     return lambda: time.monotonic() - t0
 
 
+def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot",
+                          min_degree: int = 1):
+    """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model."""
+    from roll_spotlight.elastic.groups import ElasticGroupsConfig
+    from roll_spotlight.runtime.sp_group import sp_shape
+
+    heads, tokens = sp_shape(model_cfg)
+    return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
+                               cuda=cuda, name=name, min_degree=min_degree)
+
+
 def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degree: int = 1):
     """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
     if degree == 1:
         return None
     from roll_spotlight.models.source import worker_gpus
-    from roll_spotlight.runtime.sp_group import elastic_groups_config
 
     return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0,
                                  min_degree=min_degree)
