@@ -82,6 +82,7 @@ class RayWorkerLauncher:
         self.nodes: dict[str, list[str]] = {}  # pool name -> its workers' names
         self.workers: dict[str, object] = {}  # worker name -> handle
         self.members: dict[str, tuple[str, int]] = {}  # worker name -> (node id, gpu)
+        self._node_of: dict[str, str] = {}  # worker name -> pool name
         self._serving: dict[str, object] = {}  # worker name -> ObjectRef of its solo serve()
         self._ready: dict[str, object] = {}  # worker name -> ObjectRef resolved once __init__ ran
         self._pending: list[str] = []  # elastic nodes started but not yet in a group
@@ -112,7 +113,7 @@ class RayWorkerLauncher:
             handle = RolloutWorker.options(**options).remote(
                 worker, self.policy_path, self.queue, self.store, threads=self.threads,
                 commit_every=self.commit_every, **self.worker_kwargs(node_id))
-            self.workers[worker], self.members[worker] = handle, (node_id, gpu)
+            self.workers[worker], self.members[worker], self._node_of[worker] = handle, (node_id, gpu), name
             self._ready[worker] = handle.prepare_standby.remote()  # loaded and warmed up
             if not self.elastic:
                 self._serving[worker] = handle.serve.remote()
@@ -122,14 +123,7 @@ class RayWorkerLauncher:
     def advance(self) -> None:
         """Admit every started node whose workers have all loaded their policy into the groups
         (one regroup for all of them); nothing to do without elastic SP."""
-        import ray
-
-        ready = []
-        for name in self._pending:
-            refs = [self._ready[w] for w in self.nodes[name]]
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            if len(done) == len(refs):
-                ready.append(name)
+        ready = [name for name in self._pending if all(self._started(w) for w in self.nodes[name])]
         if ready:
             self._pending = [n for n in self._pending if n not in ready]
             newcomers = {self.members[w]: self.workers[w] for n in ready for w in self.nodes[n]}
@@ -292,7 +286,7 @@ class RayWorkerLauncher:
             try:
                 self.finished[worker] = ray.get(ref)
             except RayActorError:
-                died.append(self._node_of(worker))
+                died.append(self._node_of[worker])
             except RayError:
                 raise  # a solo worker's serve() failing is a bug, not a preemption
         return sorted(set(died))
@@ -311,13 +305,10 @@ class RayWorkerLauncher:
             try:
                 ray.get(ref)
             except RayActorError:  # this member's process is gone; a peer's serve() raises RayError
-                died.add(self._node_of(by_member[refs[ref]]))
+                died.add(self._node_of[by_member[refs[ref]]])
             except RayError:
                 pass  # a survivor of a broken group: the dead member's regroup re-forms it
         return sorted(died)
-
-    def _node_of(self, worker: str) -> str:
-        return next(name for name, workers in self.nodes.items() if worker in workers)
 
     def _end_node(self, name: str) -> None:
         import ray
