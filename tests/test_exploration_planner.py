@@ -525,6 +525,27 @@ def test_selection_uses_max_variance_and_tops_up_with_fresh_seeds():
         planner.selection(0)
 
 
+def test_bandit_selects_fresh_seeds_for_a_prompt_with_few_all_equal_rewards():
+    """Fewer than k explored rewards, all equal: the group is k fresh seeds; differing ones are kept."""
+    cfg = config(group_size=8, seeds_per_pull=4, min_seeds_before_abandon=4, screen_seeds=2, abandon_share=0.75,
+                 predicted_train_s=6.0)
+    rewards = reward_table({"flat": lambda s: 0.0, "mixed": lambda s: (s % 1000) / 1000})
+    for cls in (BanditPlanner, UniformPlanner):
+        planner = cls(cfg, ["mixed", "flat"])
+        pulls = run_sync(planner, rewards)
+        explored = {pid: [s for s, _ in planner.explored(pid)] for pid in ("flat", "mixed")}
+        assert 0 < len(explored["flat"]) < 6 and not planner.is_abandoned("flat"), pulls
+        selection = planner.selection()
+        issued = {s for p in pulls for s in p.seeds}
+        assert len(selection["flat"]) == 8 and len(set(selection["flat"])) == 8
+        if cls is BanditPlanner:
+            assert not set(selection["flat"]) & issued, "all-equal explored seeds are left out"
+        else:
+            assert selection["flat"][:len(explored["flat"])] == explored["flat"], "the round robin keeps them"
+        assert len({r for _, r in planner.explored("mixed")}) == len(explored["mixed"]) > 1
+        assert selection["mixed"][:len(explored["mixed"])] == explored["mixed"], "differing explored seeds are kept"
+
+
 def test_selection_top_up_never_returns_lost_seeds_and_is_later_issued_fresh():
     planner = BanditPlanner(config(group_size=4, seeds_per_pull=2), ["a"])
     pull = planner.next_pull(0.0)
