@@ -220,12 +220,14 @@ class ExplorationConfig:
     the rollouts' own sampler, its SDE window rescaled to `num_steps`; "ode": no noise) make explore
     requests cheaper than rollouts; a cheaper schedule's outputs are never trained on.
 
-    `adaptive`: the run measures what each round bought (the selected groups' stale reward std over
-    a random subset's of the same pools, the share of all-equal groups removed, the stale-vs-fresh
-    Spearman) over the last `adaptive_window` rounds, and halves the budget, down to no exploration,
-    while neither the gain reaches `adaptive_min_gain` nor the removed share
-    `adaptive_min_equal_removed`, or the Spearman is below `adaptive_min_spearman`; once stopped, a
-    full-budget probe round every `adaptive_probe_every` iterations (0: never) can restore it
+    `adaptive` (on by default: no studied setting beat vanilla beyond noise, so a run must notice
+    when exploring buys nothing; docs/learning.md): the run measures what each round bought (the
+    selected groups' stale reward std over a random subset's of the same pools, the share of
+    all-equal groups removed, the stale-vs-fresh Spearman) over the last `adaptive_window` rounds,
+    and halves the budget, down to no exploration, while neither the gain reaches
+    `adaptive_min_gain` nor the removed share `adaptive_min_equal_removed`, or the Spearman is
+    below `adaptive_min_spearman`; once stopped, a full-budget probe round every
+    `adaptive_probe_every` iterations (0: never) can restore it
     (`roll_spotlight.exploration.adaptive`).
     """
 
@@ -241,7 +243,7 @@ class ExplorationConfig:
     baseline: Literal["selected", "pool"] = "selected"
     num_steps: int | None = None
     kind: Literal["sde", "ode"] = "sde"
-    adaptive: bool = False
+    adaptive: bool = True
     adaptive_min_gain: float = 1.05
     adaptive_min_equal_removed: float = 0.05
     adaptive_min_spearman: float = 0.3
