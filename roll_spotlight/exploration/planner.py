@@ -617,19 +617,9 @@ class BanditPlanner(ExplorationPlanner):
     (``_select``): its equal rewards are the prompt's common outcome, and a group holding them has
     less expected variance than a fresh one (pass / fail at rate p < 1/2, four known fails in a group
     of eight: 0.042 vs 0.079 at p = 0.1). Where explored rollouts would be trained on (the runtime's
-    fresh mode) this costs those s rollouts again. Tuning seeds 100..139, planner over oracle: 0.893 -> 0.898
-    at 4 explored seeds per prompt, 0.952 -> 0.953 at 6.4, unchanged at 8.
-
-    Why 4 explored seeds per prompt stays under 0.95 of the oracle: the oracle replaces the zero-
-    variance fifth of the batch for free, and the constant prompts alone are worth 13% of its score
-    there (the oracle without that knowledge: 0.866, seeds 100..119); the bandit must screen at least
-    two seeds per prompt to find them, which at that budget leaves too few seeds for concentration. A
-    diagnostic ceiling (seeds 100..119) that screens with two seeds, recognises constant prompts
-    exactly after them (no false abandonment, no rare-outcome prompt mistaken for constant) and
-    values every prompt, screened or not, by its true distribution reaches 0.924 / 0.941 / 0.937 of
-    the oracle when screening may use 25% / 40% / all of the budget. Capping the bandit's screening
-    at half the budget: 0.903 at 4 but 0.945 at 6.4 (seeds 100..139), so it is not done; true values
-    in place of the posterior with the bandit's own screening: 0.898 (0.899 with the posterior).
+    fresh mode) this costs those rollouts again. At budgets near 4 explored seeds per prompt the
+    planner stays under 0.95 of the oracle, which knows constant prompts without exploring them
+    (docs/measurements.md, "The three mechanisms").
     """
 
     def __init__(self, config: PlannerConfig, prompt_ids: Sequence[PromptId],
