@@ -35,6 +35,12 @@ def test_spot_is_on_in_the_quickstart_with_the_synthetic_market_and_off_in_the_l
         assert not load_config(RunConfig, REPO / "configs" / name).spot.enabled, name
 
 
+def test_the_quickstart_explores_on_spot_as_the_product_ships():
+    cfg = load_config(RunConfig, REPO / "configs" / "quickstart.yaml")
+    assert cfg.exploration.mode == "stale" and cfg.exploration.adaptive
+    assert cfg.exploration.seeds_per_prompt == 2 * cfg.train.group_size  # docs/learning.md: the study's pool
+
+
 @pytest.mark.parametrize("override, key", [
     ("spot.bogus=1", "spot.bogus"),
     ("spot.max_workers=0", "spot.max_workers"),
