@@ -379,3 +379,78 @@ def test_forget_finished_keeps_late_completions_harmless():
     assert queue.complete(a.result(1)) is False
     assert queue.complete(b.result(2)) is True
     assert queue.done_ids() == {1}
+
+
+# ------------------------------------------------------------------------- training micro-batches
+def train_specs(count: int, version: int = 0):
+    from roll_spotlight.dispatch import MicroBatch
+
+    return [RequestSpec.train(MicroBatch(i, (2 * i, 2 * i + 1), 1), SCHEDULE, version, 1) for i in range(count)]
+
+
+def test_a_train_request_carries_a_micro_batch_and_no_other_kind_does():
+    from roll_spotlight.dispatch import MicroBatch
+
+    with pytest.raises(ValueError, match="micro_batch"):
+        RequestSpec(0, "p", 0, SCHEDULE, 0, RequestKind.TRAIN, 0)
+    with pytest.raises(ValueError, match="micro_batch"):
+        RequestSpec(0, "p", 0, SCHEDULE, 0, ROLLOUT, 0, micro_batch=MicroBatch(0, (0,), 0))
+    with pytest.raises(ValueError, match="rows"):
+        MicroBatch(0, (), 0)
+
+
+def test_training_work_is_pulled_after_rollouts_and_before_exploration_unless_reordered():
+    q, _ = make_queue()
+    q.submit([spec(1, kind=EXPLORE)] + train_specs(1) + [spec(2)])
+    assert [lease.request.kind for lease in q.pull("w", 3)] == [ROLLOUT, RequestKind.TRAIN, EXPLORE]
+    q.submit([spec(3, kind=EXPLORE)] + train_specs(1))
+    q.set_order(["explorer"], (ROLLOUT, EXPLORE, RequestKind.TRAIN))
+    assert q.pull("explorer", 1)[0].request.kind is EXPLORE
+    assert q.pull("other", 1)[0].request.kind is RequestKind.TRAIN
+    q.submit([spec(4, kind=EXPLORE)] + train_specs(1))
+    q.set_order(["explorer"], None)  # back to the default order
+    assert q.pull("explorer", 1)[0].request.kind is RequestKind.TRAIN
+    with pytest.raises(ValueError, match="every RequestKind"):
+        q.set_order(["w"], (ROLLOUT, EXPLORE))
+
+
+def test_complete_all_accepts_a_sum_whose_leases_are_all_current():
+    q, _ = make_queue()
+    q.submit(train_specs(3))
+    leases = q.pull("spot-0", 3)
+    assert q.complete_all("spot-0", [lease.result(None) for lease in leases[:2]])
+    assert [q.state_of(lease.request.request_id) for lease in leases] == [
+        RequestState.DONE, RequestState.DONE, RequestState.LEASED]
+    assert q.stats().refused_reports == 0
+
+
+def test_complete_all_refuses_a_sum_with_a_revoked_lease_and_hands_the_rest_back():
+    q, clock = make_queue(lease_s=5.0)
+    q.submit(train_specs(2))
+    first = q.pull("spot-0", 1)[0]
+    clock.advance(3.0)
+    second = q.pull("spot-0", 1)[0]
+    clock.advance(3.0)  # the first lease expired and is re-leased elsewhere; the second is current
+    assert q.expire() == 1
+    again = q.pull("od-0", 1)[0]
+    assert again.request.request_id == first.request.request_id
+    assert not q.complete_all("spot-0", [first.result(None), second.result(None)])
+    assert q.stats().refused_reports == 1
+    assert q.state_of(second.request.request_id) is RequestState.PENDING  # its work is in the refused sum
+    assert q.state_of(first.request.request_id) is RequestState.LEASED  # still od-0's
+    assert q.complete_all("od-0", [again.result(None)])
+    assert not q.complete_all("od-0", [again.result(None)])  # a repeated report is refused too
+    assert q.stats().completed == 1
+
+
+def test_complete_all_refuses_another_workers_lease_and_repeated_ids():
+    q, _ = make_queue()
+    q.submit(train_specs(2))
+    mine, theirs = q.pull("a", 1)[0], q.pull("b", 1)[0]
+    assert not q.complete_all("a", [mine.result(None), theirs.result(None)])
+    assert q.state_of(theirs.request.request_id) is RequestState.LEASED  # b's lease is untouched
+    mine = q.pull("a", 1)[0]
+    assert not q.complete_all("a", [mine.result(None), mine.result(None)])
+    assert q.state_of(mine.request.request_id) is RequestState.PENDING
+    with pytest.raises(ValueError, match="unknown request id"):
+        q.complete_all("a", [RequestResult(99, 0, None)])

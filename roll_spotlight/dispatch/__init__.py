@@ -24,6 +24,7 @@ from roll_spotlight.dispatch.requests import (
     FailedRequest,
     InFlightState,
     Lease,
+    MicroBatch,
     Request,
     RequestKind,
     RequestResult,
@@ -48,7 +49,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "KIND_ORDER", "TRANSITIONS", "Completion", "FailedRequest", "InFlightState", "Lease",
-    "ManualClock", "QueueConfig", "QueueSnapshot", "QueueStats", "Request", "RequestKind",
+    "ManualClock", "MicroBatch", "QueueConfig", "QueueSnapshot", "QueueStats", "Request", "RequestKind",
     "RequestQueue", "RequestRecord", "RequestResult", "RequestSource", "RequestSpec",
     "RequestState", "Schedule", *_LAZY,
 ]

@@ -144,6 +144,15 @@ class QueueServer:
         """Pulls refused by a notice so far (a refused pull moves that counter, so it is journalled)."""
         return self._queue.stats().refused_by_notice if self._journal is not None else 0
 
+    def complete_all(self, worker: str, results: Iterable[RequestResult]) -> bool:
+        """All of ``results`` or none (``RequestQueue.complete_all``): a gradient sum's leases."""
+        now = self._tick()
+        return self._call("complete_all", worker=worker, results=list(results), now=now)
+
+    def set_order(self, workers: Iterable[str], order: Collection[RequestKind] | None) -> None:
+        self._tick()
+        self._call("set_order", workers=list(workers), order=None if order is None else tuple(order))
+
     def heartbeat(self, worker: str) -> int:
         now = self._tick()
         return self._call("heartbeat", record=bool, worker=worker, now=now)
@@ -315,6 +324,10 @@ class QueueClient:
             max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds,
         )
         return ray.get(call)
+
+    def complete_all(self, leases: Iterable[Lease]) -> bool:
+        """End ``leases`` together or not at all (``RequestQueue.complete_all``); True if accepted."""
+        return ray.get(self.handle.complete_all.remote(self.worker, [lease.result(None) for lease in leases]))
 
     def commit(self, state: InFlightState) -> bool:
         return ray.get(self.handle.commit.remote(self.worker, state))

@@ -34,6 +34,12 @@ Batches: ``pull(worker, n)`` leases up to ``n`` requests at once, each its own l
 id; ``complete_many`` and ``complete_and_pull`` end several in one call. A batch is nothing more
 than several leases of one worker: each ends on its own (complete, commit, fail), and
 ``worker_lost`` / ``release`` / expiry return whichever are still held.
+
+All or nothing: ``complete_all`` ends several leases of one worker only if it still holds every
+one of them. Training micro-batches need it: a worker reports one gradient *sum* over the
+micro-batches it ran, which cannot be split, so a sum with one revoked lease in it (expired, or
+requeued after the worker was declared lost) is refused whole and the worker's other leases in
+it go back to PENDING, to be recomputed by whoever pulls them.
 """
 from __future__ import annotations
 
@@ -135,6 +141,7 @@ class QueueStats:
     cancelled: int = 0
     refused_by_notice: int = 0
     from_source: int = 0
+    refused_reports: int = 0
 
 
 @dataclass(frozen=True)
@@ -276,9 +283,10 @@ class RequestQueue:
     state), ``fail`` or, for all of a worker's leases at once, ``release`` / ``worker_lost``.
     ``complete_many`` and ``complete_and_pull`` are the batch forms (one call for a batch).
 
-    Pull order: ROLLOUT before EXPLORE (rollouts are on the critical path); within a kind,
-    committed partial rollouts first (the front of the queue: they hold a latent and were already
-    paid for), then higher ``priority``, then first in first out.
+    Pull order across kinds: ``KIND_ORDER`` (ROLLOUT, TRAIN, EXPLORE: the critical path first),
+    or the order ``set_order`` gave a worker; within a kind, committed partial rollouts first (the
+    front of the queue: they hold a latent and were already paid for), then higher ``priority``,
+    then first in first out.
     """
 
     def __init__(
@@ -298,6 +306,7 @@ class RequestQueue:
         self._deadlines = _DeadlineHeap()
         self._by_worker: dict[str, set[int]] = {}
         self._notices: dict[str, float] = {}
+        self._orders: dict[str, tuple[RequestKind, ...]] = {}
         self._counts: Counter[tuple[RequestState, RequestKind]] = Counter()
         self._stats = QueueStats()
         self._next_request_id = 0
@@ -343,7 +352,8 @@ class RequestQueue:
             return []
         if self._source is not None and self.pending_count() == 0:
             self._stats.from_source += len(self.submit(self._source.next_requests(worker, n)))
-        allowed = [kind for kind in KIND_ORDER if kinds is None or kind in kinds]
+        order = self._orders.get(worker, KIND_ORDER)
+        allowed = [kind for kind in order if kinds is None or kind in kinds]
         duration = self.config.lease_s if max_lease_s is None else max_lease_s
         leases: list[Lease] = []
         for kind in allowed:
@@ -363,6 +373,19 @@ class RequestQueue:
             if earlier:  # a later deadline is found lazily; an earlier one must be pushed now
                 self._deadlines.push(entry)
         return len(self._by_worker.get(worker, ()))
+
+    def set_order(self, workers: Iterable[str], order: Iterable[RequestKind] | None) -> None:
+        """The kinds ``workers`` pull first: ``order`` lists every kind once, most wanted first;
+        None restores ``KIND_ORDER``. A worker's own ``kinds`` filter still applies."""
+        if order is not None:
+            order = tuple(order)
+            if sorted(k.value for k in order) != sorted(k.value for k in RequestKind):
+                raise ValueError(f"set_order: order must list every RequestKind once, got {[k.value for k in order]}")
+        for worker in workers:
+            if order is None:
+                self._orders.pop(worker, None)
+            else:
+                self._orders[worker] = order
 
     def notify_preemption(self, worker: str, deadline: float) -> None:
         """Record that ``worker``'s node will be reclaimed at ``deadline`` (queue clock)."""
@@ -416,6 +439,28 @@ class RequestQueue:
         leases = self.pull(worker, n, now=now, max_lease_s=max_lease_s,
                            est_duration_s=est_duration_s, kinds=kinds)
         return accepted, leases
+
+    def complete_all(self, worker: str, results: Iterable[RequestResult], now: float | None = None) -> bool:
+        """Complete every result, or none: True iff ``worker`` holds the current lease of each (then
+        all are DONE). Otherwise nothing is accepted, the count goes to ``refused_reports``, and
+        those of the results whose leases ``worker`` still holds return to PENDING (released, not
+        failed): their work is in the refused sum, so it must be done again. An id never issued is
+        a ValueError before anything changes."""
+        results = list(results)
+        entries = [self._issued_entry(r.request_id) for r in results]
+        current = [e is not None and self._is_current(e, r.lease_id) and e.lease.worker == worker
+                   for e, r in zip(entries, results)]
+        if len({r.request_id for r in results}) == len(results) and all(current):
+            now = self._now(now)
+            for result in results:
+                self.complete(result, now)
+            return True
+        held = {e.request.request_id: e for e, ok in zip(entries, current) if ok}
+        for entry in held.values():
+            self._return_lease(entry, failure=False, error="")
+        self._stats.releases += len(held)
+        self._stats.refused_reports += 1
+        return False
 
     def commit(self, worker: str, state: InFlightState) -> bool:
         """Preempted: end ``worker``'s lease on ``state.request_id`` and put the request at the

@@ -17,18 +17,38 @@ STEP_KINDS = frozenset({"sde", "cps", "cps_gaussian", "ode"})
 
 
 class RequestKind(enum.Enum):
-    """ROLLOUT requests are on the critical path of an iteration; EXPLORE requests are not.
-    Hashed by identity (members are singletons; Enum's own __hash__ is Python code on the
-    queue's hot path)."""
+    """ROLLOUT and TRAIN requests are on the critical path of an iteration (the trainer waits for
+    them); EXPLORE requests are not. A TRAIN request is one micro-batch of an update (see
+    :class:`MicroBatch`). Hashed by identity (members are singletons; Enum's own __hash__ is
+    Python code on the queue's hot path)."""
 
     __hash__ = object.__hash__
 
     ROLLOUT = "rollout"
+    TRAIN = "train"
     EXPLORE = "explore"
 
 
-# Pull order across kinds: rollouts first, because the trainer waits for them.
-KIND_ORDER: tuple[RequestKind, ...] = (RequestKind.ROLLOUT, RequestKind.EXPLORE)
+# Default pull order across kinds: rollouts, then training work (both on the critical path), then
+# exploration. A worker may be given another order (``RequestQueue.set_order``).
+KIND_ORDER: tuple[RequestKind, ...] = (RequestKind.ROLLOUT, RequestKind.TRAIN, RequestKind.EXPLORE)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of an iteration's update: the loss gradient of batch ``rows`` (indices
+    into the iteration's whole batch, in sample order) at trained denoising step ``step``.
+    ``index`` is its position in the update's fixed micro-batch order; the gradient of the update
+    is the sum over every index of the iteration, each counted once."""
+
+    index: int
+    rows: tuple[int, ...]
+    step: int
+
+    def __post_init__(self) -> None:
+        if self.index < 0 or self.step < 0 or not self.rows or min(self.rows) < 0:
+            raise ValueError(f"MicroBatch needs index >= 0, step >= 0 and non-empty rows >= 0, got "
+                             f"index={self.index}, step={self.step}, rows={self.rows}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,7 @@ class RequestSpec:
     kind: RequestKind
     iteration: int
     priority: int = 0
+    micro_batch: MicroBatch | None = None  # TRAIN requests only
 
     def __post_init__(self) -> None:
         for key in ("prompt_id", "weight_version", "iteration"):
@@ -86,12 +107,22 @@ class RequestSpec:
                 raise ValueError(f"RequestSpec.{key} must be >= 0, got {getattr(self, key)}")
         if not isinstance(self.kind, RequestKind):
             raise ValueError(f"RequestSpec.kind must be a RequestKind, got {self.kind!r}")
+        if (self.kind is RequestKind.TRAIN) != (self.micro_batch is not None):
+            raise ValueError(f"RequestSpec: a TRAIN request carries a micro_batch and no other kind does "
+                             f"(kind={self.kind.value}, micro_batch={self.micro_batch})")
+
+    @classmethod
+    def train(cls, micro_batch: MicroBatch, schedule: Schedule, weight_version: int, iteration: int) -> RequestSpec:
+        """The TRAIN request of one micro-batch of ``iteration``'s update from ``weight_version``;
+        ``schedule`` is the one its trajectories were sampled with (prompt and seed are unused)."""
+        return cls(prompt_id=0, prompt="", seed=0, schedule=schedule, weight_version=weight_version,
+                   kind=RequestKind.TRAIN, iteration=iteration, micro_batch=micro_batch)
 
 
 @dataclass(frozen=True)
 class Request:
-    """One rollout of (prompt, seed, schedule) under one weight version. ``request_id`` is
-    assigned by the queue, unique and increasing in submission order."""
+    """One rollout of (prompt, seed, schedule), or one training micro-batch, under one weight
+    version. ``request_id`` is assigned by the queue, unique and increasing in submission order."""
 
     request_id: int
     prompt_id: int
@@ -102,6 +133,7 @@ class Request:
     kind: RequestKind
     iteration: int
     priority: int = 0
+    micro_batch: MicroBatch | None = None
 
     @classmethod
     def from_spec(cls, request_id: int, spec: RequestSpec) -> Request:
