@@ -16,7 +16,7 @@ SMALL = {"prompts_per_iteration": 8, "group_size": 8}
 def test_simulate_labels_every_number_simulated():
     result = simulate(None, resolution=512, ondemand=8, spot=8, iterations=2, cost_model=SMALL)
     assert result["kind"] == "simulated" and "simulated" in result["note"]
-    assert list(result["baselines"]) == ["vanilla", "explore_critical", "naive_spot", "spotlight"]
+    assert list(result["baselines"]) == ["vanilla", "explore_critical", "naive_spot", "spotlight", "spotlight_train"]
     for name, r in result["baselines"].items():
         assert r["kind"] == "simulated", name
         for key in ("time_per_iteration_s", "cost_per_iteration_usd", "spot_idle_fraction",

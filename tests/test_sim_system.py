@@ -88,7 +88,8 @@ def _mid_run_preemption_feed(base, cost):
     clean run), with a notice at 50%: the run in flight cannot finish by the deadline."""
     run_s = cost.rollout_s(1280, 4)
     train_end = base.iteration_times_s[0] - cost.local_weight_sync_s
-    first_run = train_end + cost.publish_s()  # spot workers wait for the new weights
+    # spot workers wait for the new weights (the adapters) and the next iteration's requests
+    first_run = train_end + max(cost.publish_s(), cost.local_weight_sync_s)
     rows = [(0.0, "up", f"n{i}") for i in range(8)] + [(first_run + 0.8 * run_s, "down", "n0")]
     return fake_feed(rows, notice_s=0.3 * run_s)
 

@@ -1,7 +1,8 @@
-"""The four systems the simulator compares, declared as data.
+"""The systems the simulator compares, declared as data.
 
-Each baseline is a :class:`BaselineSpec`: which GPUs roll out, where exploration runs, what a
-preemption costs. The simulated system reads the spec; there is no per-baseline code path.
+Each baseline is a :class:`BaselineSpec`: which GPUs roll out, where exploration runs, where the
+update is trained, what a preemption costs. The simulated system reads the spec; there is no
+per-baseline code path.
 
 =================  ==========  ===================  ================  ===================
 baseline           spot GPUs   exploration          on a notice       SP group recovery
@@ -27,10 +28,22 @@ spotlight          roll out    spot GPUs explore    commit in-flight  warm: pers
                                                                       valid degree
                                trains (weights one
                                iteration stale)
+spotlight_train    roll out    none: spot GPUs      commit in-flight  warm, as spotlight
+                   + train     train micro-batches  state; training:
+                               instead               finish the micro-
+                                                    batch in hand,
+                                                    report the sum,
+                                                    hand back the rest
 =================  ==========  ===================  ================  ===================
 
-All four use the same pull-based ``RequestQueue`` (a static split would only make naive_spot
-look worse for a reason unrelated to preemptions).
+Training (``Training``): ``ONDEMAND`` is Flow-GRPO's FSDP update on the on-demand GPUs only
+(``CostModel.train_s``); ``QUEUE`` splits the update into TRAIN micro-batch requests that every
+on-demand and spot worker pulls from the same queue, each reporting one gradient sum per lease
+batch (issue 42). ``spotlight_train`` computes vanilla's update (same samples, same gradient up to
+float summation order), so it takes vanilla's measured iterations to target.
+
+All use the same pull-based ``RequestQueue`` (a static split would only make naive_spot look
+worse for a reason unrelated to preemptions).
 """
 from __future__ import annotations
 
@@ -49,6 +62,11 @@ class Recovery(enum.Enum):
     WARM = "warm"
 
 
+class Training(enum.Enum):
+    ONDEMAND = "ondemand"   # FSDP on the on-demand GPUs (CostModel.train_s)
+    QUEUE = "queue"         # micro-batches through the queue, pulled by on-demand and spot workers
+
+
 @dataclass(frozen=True)
 class BaselineSpec:
     name: str
@@ -57,12 +75,16 @@ class BaselineSpec:
     exploration: Exploration
     commit_on_notice: bool
     recovery: Recovery
+    training: Training = Training.ONDEMAND
 
     def __post_init__(self) -> None:
         if self.spot_rollout and not self.uses_spot:
             raise ValueError(f"baseline {self.name!r}: spot_rollout needs uses_spot")
         if self.exploration is Exploration.OFF_PATH and not self.uses_spot:
             raise ValueError(f"baseline {self.name!r}: off-path exploration needs spot GPUs")
+        if self.training is Training.QUEUE and self.exploration is Exploration.OFF_PATH:
+            raise ValueError(f"baseline {self.name!r}: spot GPUs either train or explore during the training "
+                             "phase; the simulator does not split them")
 
 
 BASELINES: dict[str, BaselineSpec] = {
@@ -71,6 +93,8 @@ BASELINES: dict[str, BaselineSpec] = {
                                      Recovery.COLD),
     "naive_spot": BaselineSpec("naive_spot", True, True, Exploration.NONE, False, Recovery.COLD),
     "spotlight": BaselineSpec("spotlight", True, True, Exploration.OFF_PATH, True, Recovery.WARM),
+    "spotlight_train": BaselineSpec("spotlight_train", True, True, Exploration.NONE, True, Recovery.WARM,
+                                    Training.QUEUE),
 }
 
 

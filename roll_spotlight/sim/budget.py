@@ -14,7 +14,9 @@ upper bound: joins, regroups and preemptions eat into it; the simulated Spotligh
 seeds it actually explored (``explored_seeds_per_iteration``).
 
 Fair-cost baseline (``vanilla_fair_cost``). Vanilla Flow-GRPO given the dollars Spotlight spends:
-the most on-demand GPUs that Spotlight's simulated USD per hour rents,
+the most on-demand GPUs that Spotlight's simulated USD per hour rents (one per spot system
+compared: naive spot, Spotlight and Spotlight with spot training each get their own,
+``fair_cost_baseline``),
 
     N_fair = floor(Spotlight USD per iteration / Spotlight s per iteration x 3600 / on-demand USD per GPU-hour)
 
@@ -34,10 +36,10 @@ from roll_spotlight.sim.costmodel import CostModel
 
 FAIR_COST_BASELINE = "vanilla_fair_cost"
 FAIR_COST_DEFINITION = (
-    "vanilla Flow-GRPO on N_fair on-demand GPUs, N_fair = floor(Spotlight's simulated USD per hour / on-demand "
-    "USD per GPU-hour): the on-demand GPUs that the dollars Spotlight spends per iteration rent for one "
-    "Spotlight iteration (at least the equal-on-demand count); every GPU rolls out and trains, as in "
-    "Flow-GRPO; iterations to target are vanilla's")
+    "vanilla Flow-GRPO on N_fair on-demand GPUs, N_fair = floor(the spot system's simulated USD per hour / "
+    "on-demand USD per GPU-hour): the on-demand GPUs that the dollars the system spends per iteration rent for "
+    "one of its iterations (at least the equal-on-demand count; each spot system gets its own); every GPU rolls "
+    "out and trains, as in Flow-GRPO; iterations to target are vanilla's")
 _EPS = 1e-9
 
 
@@ -59,6 +61,12 @@ def exploration_budget(cost: CostModel, resolution: int, ondemand: int, spot: in
             "seeds_per_iteration": seeds, "seeds_per_prompt": per_prompt,
             "pool_over_group": per_prompt / cost.group_size, "group_size": int(cost.group_size),
             "prompts_per_iteration": int(cost.prompts_per_iteration)}
+
+
+def fair_cost_baseline(system: str) -> str:
+    """The name of the fair-cost vanilla of spot baseline ``system`` in a simulation result:
+    ``vanilla_fair_cost`` for Spotlight (the reference), ``vanilla_fair_cost:<system>`` otherwise."""
+    return FAIR_COST_BASELINE if system == "spotlight" else f"{FAIR_COST_BASELINE}:{system}"
 
 
 def fair_cost_ondemand(spotlight: Mapping[str, Any], ondemand_usd_gpu_h: float, minimum: int) -> int:

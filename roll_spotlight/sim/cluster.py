@@ -41,6 +41,7 @@ class Phase(enum.Enum):
     EXPLORE = "explore"
     TRAIN = "train"
     SYNC = "sync"          # receiving new weights
+    REPORT = "report"      # sending a gradient sum to the trainer (spot training)
     JOIN = "join"          # boot + process start + weight load of a newly granted node
     RESTART = "restart"    # cold restart of a broken SP group's survivors
     REGROUP = "regroup"    # forming an SP group (warm: sub-second; cold: NCCL init)

@@ -11,7 +11,12 @@ calibratable with measured regroup times) and derives phase times from them:
   ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
 - a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
   the SDE-window steps are trained;
-- restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth).
+- restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth);
+- with spot training (issue 42) the update is micro-batches of ``train_micro_batch_images``
+  samples at one trained step, each on one GPU (``train_micro_batch_s``); a worker reports one
+  gradient sum per lease batch (the LoRA adapters' bytes, ``gradient_report_s``) and the trainer
+  then clips and steps (``optimizer_step_s``). A weight version is the adapters only
+  (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
 Nothing here is measured at scale: numbers derived from this model are *simulated* and reports must
 say so. Exploration's effect on convergence is not modelled at all (see ``run.time_to_target``).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -95,6 +101,22 @@ CONSTANTS: dict[str, Constant] = {
                                                         "every baseline)"),
     # --- weights and restarts ---
     "local_weight_sync_s": Constant(2.0, "s", "assumption: trainer -> colocated rollout engine reshard"),
+    "lora_adapter_gb": Constant(1.70, "GB", "memory plan (roll_spotlight/models/memory_plan.py; README "
+                                            "'Qwen-Image'): flow_grpo's LoRA r=64, 424,673,280 trainable "
+                                            "parameters in fp32 (peft default) = 1.70 GB; a weight version "
+                                            "and a gradient sum each weigh this much"),
+    # --- spot training: the update as micro-batches through the queue (issue 42) ---
+    "train_micro_batch_images": Constant(4, "samples per micro-batch", SOURCE_FLOW_GRPO + ": train.batch_size "
+                                                                       "= sample.train_batch_size = 4 (at one "
+                                                                       "trained step; configs/qwen_image_*.yaml: "
+                                                                       "train.micro_batch_size 4)"),
+    "train_lease_micro_batches": Constant(4, "micro-batches per GPU per report",
+                                          "assumption: a training worker leases this many micro-batches per "
+                                          "GPU and reports their gradient sum once (a kill without notice "
+                                          "loses at most these)"),
+    "optimizer_step_s": Constant(1.0, "s", "assumption: trainer adds the last accepted sum, clips and takes "
+                                           "an Adam step over the 0.42B adapter parameters with the optimizer "
+                                           "state on CPU (flow_grpo fsdp_optimizer_offload=True)"),
     "warm_regroup_s": Constant(0.5, "s", "paper abstract: sub-second SP recovery (our gloo re-form: "
                                          "10-50 ms, ENV.md); calibrate() replaces it with measurements"),
     "process_start_s": Constant(30.0, "s", "assumption: Python + torch + CUDA context + diffusers import"),
@@ -117,7 +139,7 @@ _INT_KEYS = frozenset({"num_layers", "hidden_dim", "num_heads", "pixels_per_toke
                        "bytes_per_param", "sampling_steps", "cfg_forwards", "group_size",
                        "prompts_per_iteration", "trained_steps", "explore_steps",
                        "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280",
-                       "reward_workers"})
+                       "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
 
 
 def _defaults() -> dict[str, float]:
@@ -254,12 +276,25 @@ class CostModel:
         steps = self.sampling_steps if steps is None else steps
         return steps * self.step_s(resolution, degree, cross_node)
 
+    def train_image_step_flops(self, resolution: int) -> float:
+        """FLOPs of training one image at one trained step (forward + backward of both CFG branches)."""
+        return self.cfg_forwards * self.train_flops_multiplier * self.forward_flops(resolution)
+
     def train_s(self, images: int, resolution: int, gpus: int) -> float:
         """Training time of one iteration on ``gpus`` data-parallel GPUs (FSDP)."""
         assert gpus >= 1, gpus
-        flops = (images * self.trained_steps * self.cfg_forwards * self.train_flops_multiplier
-                 * self.forward_flops(resolution))
+        flops = images * self.trained_steps * self.train_image_step_flops(resolution)
         return flops / (gpus * self.gpu_peak_tflops * 1e12 * self.train_mfu)
+
+    def train_micro_batches(self, images: int) -> int:
+        """Micro-batches of one update: chunks of ``train_micro_batch_images`` rows, each at every
+        trained step (the update's gradient is their sum)."""
+        return math.ceil(images / self.train_micro_batch_images) * int(self.trained_steps)
+
+    def train_micro_batch_s(self, resolution: int) -> float:
+        """One full micro-batch on one GPU: the same FLOPs per sample and MFU as ``train_s``."""
+        flops = self.train_micro_batch_images * self.train_image_step_flops(resolution)
+        return flops / (self.gpu_peak_tflops * 1e12 * self.train_mfu)
 
     def reward_s(self) -> float:
         """Scoring time of one image on one reward worker."""
@@ -275,9 +310,22 @@ class CostModel:
     def weight_copy_network_s(self) -> float:
         return self.model_bytes() / (self.network_gb_s * 1e9)
 
+    def adapter_bytes(self) -> float:
+        """A weight version, and a gradient sum: the LoRA adapters (same shape and dtype)."""
+        return self.lora_adapter_gb * 1e9
+
     def publish_s(self) -> float:
-        """New weights from the trainer to the spot workers (full bf16 weights over the network)."""
-        return self.weight_copy_network_s()
+        """A new weight version from the trainer to the spot workers: the adapters over the network
+        (the frozen base is already on every worker)."""
+        return self.adapter_bytes() / (self.network_gb_s * 1e9)
+
+    def gradient_report_s(self, over_network: bool, degree: int = 1) -> float:
+        """One gradient sum reaching the trainer: an SP group first sums its members' over NVLink,
+        then the sum crosses the network (a spot worker) or NVLink (on the trainer's node)."""
+        assert degree >= 1, degree
+        nvlink_s = self.adapter_bytes() / (self.nvlink_copy_gb_s * 1e9)
+        link_s = self.adapter_bytes() / (self.network_gb_s * 1e9) if over_network else nvlink_s
+        return (nvlink_s if degree > 1 else 0.0) + link_s
 
     def cold_restart_s(self) -> float:
         """A broken SP group restarted the naive way: new processes, NCCL init, weights from storage."""

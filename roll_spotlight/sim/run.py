@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from roll_spotlight.sim.baselines import BASELINES, get_baseline
-from roll_spotlight.sim.budget import FAIR_COST_BASELINE, FAIR_COST_DEFINITION, exploration_budget, fair_cost_ondemand
+from roll_spotlight.sim.budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
+                                       fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
 
-DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight")
+DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight", "spotlight_train")
 SIMULATED_NOTE = ("simulated: cluster time and cost come from the cost model (each constant names its "
                   "source) and the spot trace; explored rewards are synthetic; convergence is not simulated")
 # Mean time between preemption batches by provider, for what-if runs without a trace file
@@ -43,10 +44,12 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
              fair_cost: bool = False) -> dict:
     """Simulate each baseline on the same cluster and trace window; returns a JSON-ready dict.
 
-    ``fair_cost``: also simulate ``vanilla_fair_cost``, vanilla on the on-demand GPUs Spotlight's
-    simulated dollars buy (``budget.fair_cost_ondemand``; needs ``spotlight`` among ``baselines``),
-    added to ``baselines`` with its GPU count and described under ``"fair_cost"``. The result's
-    ``exploration_budget`` is ``budget.exploration_budget`` for this shape.
+    ``fair_cost``: also simulate, for each spot baseline among ``baselines``, vanilla on the
+    on-demand GPUs that baseline's simulated dollars buy (``budget.fair_cost_ondemand``; needs a
+    spot baseline), added to ``baselines`` as ``budget.fair_cost_baseline(name)`` with its GPU
+    count and described under ``"fair_cost"`` (its top level: Spotlight's, when simulated;
+    ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
+    ``budget.exploration_budget`` for this shape.
 
     ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
     overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
@@ -86,20 +89,32 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
 
 def _fair_cost_vanilla(baselines: dict, config: SimConfig, cost: CostModel, feed: SpotFeed,
                        timeline: bool) -> dict:
-    """Run vanilla on N_fair on-demand GPUs and add it to ``baselines`` as ``vanilla_fair_cost``."""
-    if "spotlight" not in baselines:
-        raise ValueError("simulate(fair_cost=True) needs 'spotlight' among the baselines (its dollars set N_fair)")
+    """For each spot baseline, vanilla on N_fair on-demand GPUs (one simulation per distinct N),
+    added to ``baselines`` under ``fair_cost_baseline(name)``."""
+    spot_names = [name for name in baselines if get_baseline(name).uses_spot]
+    if not spot_names:
+        raise ValueError(f"simulate(fair_cost=True) needs a spot baseline among the baselines (its dollars set "
+                         f"N_fair); spot baselines: {sorted(n for n, b in BASELINES.items() if b.uses_spot)}")
     price = feed.prices.price("ondemand").usd_per_gpu_hour
-    gpus = fair_cost_ondemand(baselines["spotlight"], price, minimum=config.ondemand)
-    fair_config = dataclasses.replace(config, ondemand=gpus, spot=0)
-    result = ClusterSimulation(get_baseline("vanilla"), fair_config, cost, feed).run()
-    out = _result_dict(result, timeline) | {"name": FAIR_COST_BASELINE, "ondemand_gpus": gpus, "spot_gpus": 0}
-    baselines[FAIR_COST_BASELINE] = out
-    spotlight = baselines["spotlight"]
-    return {"baseline": FAIR_COST_BASELINE, "definition": FAIR_COST_DEFINITION, "ondemand_gpus": gpus,
-            "equal_ondemand_gpus": config.ondemand, "ondemand_usd_per_gpu_hour": price,
-            "spotlight_usd_per_hour": spotlight["cost_per_iteration_usd"] / spotlight["time_per_iteration_s"] * 3600,
-            "train_s": cost.train_s(cost.images_per_iteration(), config.resolution, gpus)}
+    runs: dict[int, dict] = {}
+    by_baseline = {}
+    for name in spot_names:
+        system = baselines[name]
+        gpus = fair_cost_ondemand(system, price, minimum=config.ondemand)
+        if gpus not in runs:
+            fair_config = dataclasses.replace(config, ondemand=gpus, spot=0)
+            runs[gpus] = _result_dict(ClusterSimulation(get_baseline("vanilla"), fair_config, cost, feed).run(),
+                                      timeline)
+        key = fair_cost_baseline(name)
+        baselines[key] = runs[gpus] | {"name": key, "ondemand_gpus": gpus, "spot_gpus": 0}
+        by_baseline[name] = {"baseline": key, "ondemand_gpus": gpus,
+                             "usd_per_hour": system["cost_per_iteration_usd"] / system["time_per_iteration_s"] * 3600,
+                             "train_s": cost.train_s(cost.images_per_iteration(), config.resolution, gpus)}
+    reference = by_baseline.get("spotlight", by_baseline[spot_names[0]])
+    return {"baseline": reference["baseline"], "definition": FAIR_COST_DEFINITION,
+            "ondemand_gpus": reference["ondemand_gpus"], "equal_ondemand_gpus": config.ondemand,
+            "ondemand_usd_per_gpu_hour": price, "spotlight_usd_per_hour": reference["usd_per_hour"],
+            "train_s": reference["train_s"], "by_baseline": by_baseline}
 
 
 def _cost_model(cost_model: CostModel | Mapping[str, Any] | None) -> CostModel:
@@ -132,6 +147,10 @@ def phase_summary(cost: CostModel, resolution: int, ondemand: int) -> dict:
         "train_s": cost.train_s(images, resolution, ondemand),
         "reward_s_per_image": cost.reward_s(),
         "publish_s": cost.publish_s(),
+        "train_micro_batches": cost.train_micro_batches(images),
+        "train_micro_batch_s": cost.train_micro_batch_s(resolution),
+        "gradient_report_s_network": cost.gradient_report_s(True, degree),
+        "optimizer_step_s": cost.optimizer_step_s,
         "warm_regroup_s": cost.warm_regroup_s,
         "cold_restart_s": cost.cold_restart_s(),
         "cold_join_s": cost.cold_join_s(),
@@ -207,8 +226,8 @@ def _market_trace(market: TraceLike | str, spot: int, seed: int, mtbp_s: float |
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spotlight simulate", description=(
         "Simulate time and cost per Flow-GRPO iteration (Qwen-Image class) for vanilla, exploration on "
-        "the critical path, naive spot and Spotlight on one cluster and spot trace. All numbers are "
-        "simulated."))
+        "the critical path, naive spot, Spotlight and Spotlight with spot training on one cluster and "
+        "spot trace. All numbers are simulated."))
     parser.add_argument("--trace", type=Path, default=None,
                         help="spot trace file or folder (omit: spot GPUs are never preempted)")
     parser.add_argument("--resolution", type=int, choices=RESOLUTIONS, required=True)
@@ -227,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--fair-cost", action="store_true",
-                        help="also simulate vanilla on the on-demand GPUs Spotlight's dollars buy (vanilla_fair_cost; "
-                             "needs spotlight among --baselines)")
+                        help="also simulate vanilla on the on-demand GPUs each spot baseline's dollars buy "
+                             "(vanilla_fair_cost; needs a spot baseline among --baselines)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     what_if = parser.add_argument_group("what-if (project a cluster before renting it)")
     what_if.add_argument("--provider", choices=("aws", "gcp", "azure"), default=None,
@@ -261,8 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(f"spotlight simulate: error: --calibration {args.calibration}: {exc}\n")
             return 2
         baselines = [b for b in args.baselines.split(",") if b]
-        if args.fair_cost and "spotlight" not in baselines:
-            sys.stderr.write("spotlight simulate: error: --fair-cost needs spotlight among --baselines\n")
+        if args.fair_cost and not any(get_baseline(b).uses_spot for b in baselines if b in BASELINES):
+            sys.stderr.write("spotlight simulate: error: --fair-cost needs a spot baseline among --baselines\n")
             return 2
         result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
                           iterations=args.iterations, baselines=baselines,

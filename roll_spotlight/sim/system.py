@@ -3,13 +3,15 @@
 The policies are the runtime's own, imported: ``RequestQueue`` (dispatch), ``plan_groups``
 (elastic SP), ``BanditPlanner`` and ``select_max_variance`` (exploration). What is simulated is
 only time: each request costs ``steps x step_s`` on its SP group, training costs
-``CostModel.train_s``, restarts and joins cost what the cost model says. Explored rewards are
-synthetic (``rewards.SyntheticRewards``).
+``CostModel.train_s`` (or, with spot training, micro-batches through the queue: ``training``),
+restarts and joins cost what the cost model says. Explored rewards are synthetic
+(``rewards.SyntheticRewards``).
 
 One iteration (docs/design.md section 3)::
 
     ROLLOUT (+rewards) -> TRAIN -> weight sync -> next iteration
-                                                   \\-> spot GPUs explore prompts of t+1 (spotlight)
+                            \\-> spot GPUs explore prompts of t+1 (spotlight)
+                            \\-> spot and on-demand GPUs pull TRAIN micro-batches (spotlight_train)
 
 SP worker lifecycle (a worker = one SP group incarnation, id never reused)::
 
@@ -36,12 +38,13 @@ from roll_spotlight.dispatch.requests import InFlightState, Lease, RequestKind, 
 from roll_spotlight.elastic.planner import Plan, SPGroup, plan_groups
 from roll_spotlight.exploration.planner import BanditPlanner, PlannerConfig, Pull, seed_stream
 from roll_spotlight.exploration.select import select_max_variance
-from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery
+from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Training
 from roll_spotlight.sim.cluster import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.engine import PRIORITY_MARKET, EventHandle, EventLoop
 from roll_spotlight.sim.rewards import SyntheticRewards
 from roll_spotlight.sim.spotfeed import SpotFeed
+from roll_spotlight.sim.training import QueueTrainer, TrainRun
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind, MarketEvent
 
@@ -106,10 +109,15 @@ class SimWorker:
     done_event: EventHandle | None = None
     commit_event: EventHandle | None = None
     dissolving: bool = False
+    train: TrainRun | None = None       # a lease batch of TRAIN micro-batches (spot training)
 
     @property
     def members(self) -> tuple[Member, ...]:
         return self.group.members
+
+    @property
+    def busy(self) -> bool:
+        return self.lease is not None or self.train is not None
 
 
 @dataclass
@@ -122,7 +130,10 @@ class BaselineResult:
     - ``cost_per_iteration_usd``: billed GPU-hours x the feed's prices (spot per zone) / iterations.
     - ``preemptions``: NODE_DOWN of held nodes; ``regroups``: SP groups formed after the start;
       ``cold_restarts``: broken groups restarted cold; ``commits``: in-flight states committed.
-    - ``lost_gpu_s``: GPU-seconds of rollout work thrown away (since the last commit).
+    - ``lost_gpu_s``: GPU-seconds of work thrown away: rollouts since the last commit, training
+      micro-batches since the last accepted gradient report.
+    - ``mean_train_phase_s``: mean seconds from the start of training to the new weights (before
+      the weight sync); ``train``: spot training's micro-batch counts, None for FSDP training.
     - ``mean_group_reward_std``: mean over iterations and prompts of the trained group's reward
       spread, from the *synthetic* reward model (a sanity signal for the planner, not quality).
     """
@@ -148,6 +159,8 @@ class BaselineResult:
     lost_gpu_s: float
     explored_seeds_per_iteration: float
     mean_group_reward_std: float
+    mean_train_phase_s: float = 0.0
+    train: dict[str, float] | None = None
     phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     timeline: list[tuple[str, float, float, str]] | None = None
 
@@ -189,6 +202,9 @@ class ClusterSimulation:
         self._end_s = 0.0
         self._spot_weights_at = 0.0
         self._down_at = {e.node_id: e.time_s for e in feed.events if e.kind is EventKind.NODE_DOWN}
+        self._train_started_at = 0.0
+        self._train_phases: list[float] = []
+        self.trainer = QueueTrainer(self) if spec.training is Training.QUEUE else None
 
     # ================================================================ run (table of contents)
     def run(self) -> BaselineResult:
@@ -290,7 +306,12 @@ class ClusterSimulation:
     def _begin_train(self) -> None:
         self._record_group_stds()
         self._phase = IterPhase.TRAIN
+        self._train_started_at = self.loop.now
         images = sum(len(r) for r in self._trained_groups())
+        if self.trainer is not None:
+            self.trainer.begin(images)
+            self._wake_all()
+            return
         train_s = self.cost.train_s(images, self.config.resolution, self.config.ondemand)
         for member in self.cluster.ondemand_members():
             self.timeline.set(gpu_name(member), Phase.TRAIN, self.loop.now)
@@ -308,8 +329,14 @@ class ClusterSimulation:
         stds = [float(np.std(r)) for r in self._trained_groups()]
         self._group_stds.append(float(np.mean(stds)) if stds else 0.0)
 
+    def _train_done(self) -> None:
+        """Every micro-batch is in an accepted sum: the trainer clips and steps."""
+        self._set_phase(self.cluster.ondemand_members(), Phase.TRAIN)
+        self.loop.after(self.cost.optimizer_step_s, self._end_train)
+
     def _end_train(self) -> None:
         now = self.loop.now
+        self._train_phases.append(now - self._train_started_at)
         if self.spec.exploration is Exploration.OFF_PATH:
             self._stop_off_path_exploration()
         self._version += 1
@@ -405,7 +432,7 @@ class ClusterSimulation:
         w = self.workers.get(wid)
         if w is None or w.dissolving or self.loop.now < w.ready_at:
             return
-        if w.lease is None:
+        if not w.busy:
             self._set_phase(w.members, Phase.IDLE)
         self._update_budget()
         self._try_pull(w)
@@ -415,6 +442,8 @@ class ClusterSimulation:
             self._try_pull(w)
 
     def _allowed_kinds(self, w: SimWorker) -> set[RequestKind]:
+        if self._phase is IterPhase.TRAIN and self.trainer is not None:
+            return {RequestKind.TRAIN}
         if w.kind is GpuKind.ONDEMAND:
             return {RequestKind.ROLLOUT} if self._phase is IterPhase.ROLLOUT else set()
         if self._phase is IterPhase.ROLLOUT and self.spec.spot_rollout:
@@ -424,10 +453,13 @@ class ClusterSimulation:
         return set()
 
     def _try_pull(self, w: SimWorker) -> None:
-        if w.lease is not None or w.dissolving or self.loop.now < w.ready_at:
+        if w.busy or w.dissolving or self.loop.now < w.ready_at:
             return
         kinds = self._allowed_kinds(w)
         if not kinds:
+            return
+        if RequestKind.TRAIN in kinds:
+            self.trainer.pull(w)
             return
         est = w.step_s * max(self.cost.sampling_steps, self.cost.explore_steps)
         leases = self.queue.pull(w.wid, 1, now=self.loop.now, est_duration_s=est, kinds=kinds)
@@ -533,7 +565,15 @@ class ClusterSimulation:
             return
         for w in [w for w in self.workers.values() if members & set(w.members)]:
             self.queue.notify_preemption(w.wid, deadline)
-            self._plan_commit_before(w, deadline)
+            if w.train is not None:
+                self.trainer.stop_for_notice(w, deadline)
+            else:
+                self._plan_commit_before(w, deadline)
+
+    def _worker_deadline(self, w: SimWorker) -> float | None:
+        """The earliest notice deadline among the worker's GPUs (None: no notice)."""
+        deadlines = [self._deadline[m] for m in w.members if m in self._deadline]
+        return min(deadlines) if deadlines else None
 
     def _down_time(self, notice: MarketEvent) -> float:
         return self._down_at.get(notice.node_id, notice.time_s + self.feed.notice_s)
@@ -591,6 +631,8 @@ class ClusterSimulation:
 
     def _break_worker(self, w: SimWorker, dead: set[Member]) -> None:
         """A member died: requeue the lease (from the last commit) and recover the survivors."""
+        if w.train is not None:
+            self.trainer.lose(w)
         if w.lease is not None:
             self._lost_gpu_s += (self.loop.now - w.run_start) * w.group.degree
             self._cancel_events(w)
@@ -681,8 +723,14 @@ class ClusterSimulation:
             self._set_phase([m for m in group.members if free_at[m] <= self.loop.now], Phase.REGROUP)
 
     def _dissolve(self, w: SimWorker, free_at: dict[Member, float]) -> None:
-        """Leave the group: immediately when idle, else at the next step boundary (commit)."""
+        """Leave the group: immediately when idle, else at the next step boundary (commit), or
+        after the training micro-batch in hand and its report."""
         w.dissolving = True
+        if w.train is not None:
+            free = self.trainer.stop_for_dissolve(w)
+            for member in w.members:
+                free_at[member] = max(free_at.get(member, self.loop.now), free)
+            return
         if w.lease is None:
             self._retire(w)
             return
@@ -696,6 +744,8 @@ class ClusterSimulation:
             free_at[member] = max(free_at.get(member, self.loop.now), at)
 
     def _busy_until(self, w: SimWorker) -> float:
+        if w.train is not None:
+            return self.trainer.busy_until(w)
         events = [h.time for h in (w.commit_event, w.done_event) if h is not None and h.pending]
         return min(events) if events else self.loop.now
 
@@ -735,6 +785,8 @@ class ClusterSimulation:
             commits=self._counters["commits"], lost_gpu_s=self._lost_gpu_s,
             explored_seeds_per_iteration=self._explored_total / n,
             mean_group_reward_std=float(np.mean(self._group_stds)) if self._group_stds else 0.0,
+            mean_train_phase_s=float(np.mean(self._train_phases)) if self._train_phases else 0.0,
+            train=self.trainer.summary(n) if self.trainer is not None else None,
             phase_seconds=self._phase_seconds(od_names, spot_names),
             timeline=[(i.gpu, i.start_s, i.end_s, i.phase) for i in self.timeline.intervals]
             if self.config.record_timeline else None,
