@@ -141,3 +141,26 @@ def test_a_tiny_file_loads_when_allowed(tmp_path):
     path = _gpu_check_json(tmp_path, {32: (0.03, 0.1)}, tiny=True)
     cost = CostModel().with_calibration(path, 512, allow_tiny=True)
     assert "tiny model" in cost.sources["train_mfu"] and cost.calibration == str(path)
+
+
+def test_spot_training_constants_follow_the_memory_plan_and_flow_grpo():
+    cost = CostModel()
+    assert cost.adapter_bytes() == pytest.approx(1.70e9)           # memory plan: 424,673,280 fp32 parameters
+    assert 424_673_280 * 4 == pytest.approx(cost.adapter_bytes(), rel=0.01)
+    assert cost.train_micro_batch_images == 4 and cost.train_micro_batches(512) == 128 * 2
+    # a weight version is the adapters: 1.70 GB over 12.5 GB/s, not the 40 GB transformer
+    assert cost.publish_s() == pytest.approx(1.70 / 12.5) and cost.publish_s() < cost.weight_copy_network_s() / 20
+    assert cost.gradient_report_s(True) == pytest.approx(1.70 / 12.5)
+    assert cost.gradient_report_s(False) == pytest.approx(1.70 / cost.nvlink_copy_gb_s)
+    assert cost.gradient_report_s(True, 4) == pytest.approx(1.70 / 12.5 + 1.70 / cost.nvlink_copy_gb_s)
+    for name in ("train_lease_micro_batches", "optimizer_step_s"):
+        assert CONSTANTS[name].source.startswith("assumption"), name
+    assert "memory_plan" in CONSTANTS["lora_adapter_gb"].source
+
+
+@pytest.mark.parametrize("resolution", [512, 1280])
+def test_micro_batches_add_up_to_the_update_on_one_gpu(resolution):
+    cost = CostModel()
+    images = cost.images_per_iteration()
+    total = cost.train_micro_batches(images) * cost.train_micro_batch_s(resolution)
+    assert total == pytest.approx(cost.train_s(images, resolution, 1))

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Iterable, Mapping, Protocol
 
-from roll_spotlight.dispatch.requests import Lease, MicroBatch, RequestKind, RequestSpec
-from roll_spotlight.sim.cluster import GpuKind, Phase
-from roll_spotlight.sim.engine import EventHandle
-
-if TYPE_CHECKING:
-    from roll_spotlight.sim.system import ClusterSimulation, SimWorker
+from roll_spotlight.dispatch.queue import RequestQueue
+from roll_spotlight.dispatch.requests import Lease, MicroBatch, RequestKind, RequestSpec, Schedule
+from roll_spotlight.elastic.planner import SPGroup
+from roll_spotlight.sim.cluster import GpuKind, Member, Phase
+from roll_spotlight.sim.costmodel import CostModel
+from roll_spotlight.sim.engine import EventHandle, EventLoop
 
 TRAINER_NODE = "od0"   # the optimizer's owner: the first on-demand node
 _EPS = 1e-9
@@ -94,10 +94,43 @@ class TrainRun:
                 handle.cancel()
 
 
-class QueueTrainer:
-    """The training phase of ``Training.QUEUE`` for one :class:`ClusterSimulation`."""
+class SimWorker(Protocol):
+    """What the trainer reads of a simulated worker (``system.SimWorker``)."""
 
-    def __init__(self, sim: ClusterSimulation) -> None:
+    wid: str
+    group: SPGroup
+    kind: GpuKind
+    train: TrainRun | None
+
+    @property
+    def members(self) -> tuple[Member, ...]: ...
+
+
+class TrainingHost(Protocol):
+    """What the trainer needs of its simulation (``system.ClusterSimulation``, which imports this
+    module; the protocol keeps the import one way)."""
+
+    loop: EventLoop
+    queue: RequestQueue
+    cost: CostModel
+    config: Any
+    workers: Mapping[str, SimWorker]
+    _lost_gpu_s: float
+    _iteration: int
+    _version: int
+
+    def _schedule(self, kind: RequestKind) -> Schedule: ...
+    def _set_phase(self, members: Iterable[Member], phase: Phase) -> None: ...
+    def _worker_deadline(self, w: SimWorker) -> float | None: ...
+    def _after_run(self, w: SimWorker) -> None: ...
+    def _wake_all(self) -> None: ...
+    def _train_done(self) -> None: ...
+
+
+class QueueTrainer:
+    """The training phase of ``Training.QUEUE`` for one simulation."""
+
+    def __init__(self, sim: TrainingHost) -> None:
         self.sim = sim
         self.mb_s = sim.cost.train_micro_batch_s(sim.config.resolution)
         self.outstanding = 0
@@ -142,16 +175,16 @@ class QueueTrainer:
     # ---- stopping early: a notice, or the group is dissolved by a regroup
     def stop_for_notice(self, w: SimWorker, deadline: float) -> None:
         """Finish the micro-batch in hand if it and the report fit before ``deadline``, else report
-        what already finished now; unstarted micro-batches go back to the queue."""
+        what already finished now; unstarted micro-batches go back to the queue (as the runtime's
+        worker does: it asks before each micro-batch whether to stop). Later pulls get only what
+        fits before the deadline (``pull``)."""
         run, now = w.train, self.sim.loop.now
         if run is None or run.rounds_done is not None:
             return
         report_s = self._report_s(w)
-        if run.start + run.rounds * self.mb_s + report_s <= deadline:
-            return
         done = math.floor((now - run.start) / self.mb_s + _EPS)
         end_in_hand = run.start + (done + 1) * self.mb_s
-        if done + 1 < run.rounds and end_in_hand + report_s <= deadline:
+        if done < run.rounds and end_in_hand + report_s <= deadline:
             self._schedule_stop(w, end_in_hand, done + 1)
         else:
             self._schedule_stop(w, now, done)
