@@ -31,11 +31,16 @@ def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
     assert "SMOKE RUN" in report
     for label in ("MEASURED", "SIMULATED", "PAPER"):
         assert label in report, label
-    for shape in ("today: 2 on-demand + 2 spot", "paper: 1 reserved + 2 spot"):
+    systems = ("naive spot (rollouts only)", "Spotlight today (explore during training)",
+               "Spotlight with spot training")
+    for shape in ("today: 2 on-demand + 2 spot", "paper: 1 reserved + 2 spot", "spot-heavy: 1 on-demand + 3 spot"):
         for res in (512, 1280):
-            for against in ("vanilla, equal on-demand GPUs", "vanilla, equal cost"):
-                assert f"| {shape} | {res}x{res} | time | {against} | 4x | >= 4x |" in report, (shape, res, against)
-        assert f"| {shape} | 1280x1280 | cost | vanilla, equal cost | 1.4-6.4x | >= 6x |" in report
+            for system in systems:
+                for against in ("vanilla, equal on-demand GPUs", "vanilla, equal cost"):
+                    assert f"| {shape} | {res}x{res} | time | {system} | {against} | 4x | >= 4x |" in report, (
+                        shape, res, system, against)
+        assert f"| {shape} | 1280x1280 | cost | {systems[2]} | vanilla, equal cost | 1.4-6.4x | >= 6x |" in report
+    assert "## Issue 42 targets" in report and "| time per iteration, Spotlight with spot training |" in report
     for res in (512, 1280):
         assert (out / f"utilisation_{res}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("time_to_target.png", "cost_to_target.png", "convergence.png"):
@@ -95,12 +100,50 @@ def test_headline_products_targets_and_shortfall():
     assert all(r.total.value is None and r.met is None and "not measured" in r.why for r in missing)
 
 
+def test_spot_training_rows_take_vanillas_iterations_and_issue_42_goals():
+    from roll_spotlight.tools.bench.headline import ISSUE42_GOALS, SYSTEMS, goal_rows
+
+    def with_train(sim, t_time, t_cost, fair_time, fair_cost):
+        sim["baselines"]["spotlight_train"] = {"time_per_iteration_s": t_time, "cost_per_iteration_usd": t_cost,
+                                               "mean_train_phase_s": 20.0, "train": {"spot_share": 0.6}}
+        sim["baselines"]["vanilla_fair_cost:spotlight_train"] = {"time_per_iteration_s": fair_time,
+                                                                 "cost_per_iteration_usd": fair_cost,
+                                                                 "ondemand_gpus": 9}
+        sim["baselines"]["vanilla"]["mean_train_phase_s"] = 50.0
+        sim["cluster"]["spot_gpus"] = 8
+        return sim
+    sims = {512: with_train(_sim(200.0, 100.0, 10.0, 8.0), 80.0, 4.0, 180.0, 9.0)}
+    censored = {"vanilla": _est(10, "lower"), "spotlight": _est(10, "lower")}
+    rows = headline(censored, sims, systems=SYSTEMS)
+    train = {(r.metric, r.baseline): r for r in rows if r.system == "spotlight_train"}
+    assert train[("time", "vanilla")].iterations == Ratio(1.0, "exact")      # by construction, though censored
+    assert train[("time", "vanilla")].total.value == pytest.approx(2.5)
+    assert train[("cost", "vanilla_fair_cost")].total.value == pytest.approx(9.0 / 4.0)
+    assert "by construction" in train[("time", "vanilla")].why and "60%" in train[("time", "vanilla")].why
+    assert all(r.total.value is None for r in rows if r.system == "spotlight")
+    shapes = {"today": sims, "paper": {512: with_train(_sim(200.0, 100.0, 10.0, 8.0), 50.0, 4.0, 150.0, 7.0)}}
+    goals = {(g.goal.shape, g.goal.resolution, g.goal.baseline): g for g in goal_rows(censored, shapes)}
+    assert len(goals) == len(ISSUE42_GOALS) == 9
+    per_iter = goals[("today", 512, "vanilla")]
+    assert per_iter.value.value == pytest.approx(2.5) and per_iter.met is True       # >= 1.8
+    assert goals[("paper", 512, "vanilla")].value.value == pytest.approx(2.5) and goals[("paper", 512, "vanilla")].met
+    fair = goals[("paper", 512, "vanilla_fair_cost")]
+    assert fair.value.value == pytest.approx(7.0 / 4.0) and fair.met is False
+    missing = goals[("spot-heavy", 1280, "vanilla")]
+    assert not missing.found and missing.met is None
+
+
 def test_time_and_cost_to_target_maps_baselines_to_settings():
     table = time_and_cost_to_target({"vanilla": _est(30), "fresh": _est(20, "lower"), "spotlight": _est(10)},
                                     _sim(200.0, 100.0, 10.0, 8.0))
     assert table["naive_spot"]["iterations"] == 30 and table["naive_spot"]["time_to_target_s"] == 3000.0
     assert table["explore_critical"]["bound"] == "lower"
     assert table["spotlight"]["cost_to_target_usd"] == pytest.approx(80.0)
+    sim = _sim(200.0, 100.0, 10.0, 8.0)
+    sim["baselines"]["spotlight_train"] = sim["baselines"]["spotlight"]
+    sim["baselines"]["vanilla_fair_cost:spotlight_train"] = sim["baselines"]["vanilla"]
+    table = time_and_cost_to_target({"vanilla": _est(30), "spotlight": _est(10)}, sim)
+    assert table["spotlight_train"]["iterations"] == 30 == table["vanilla_fair_cost:spotlight_train"]["iterations"]
 
 
 # ------------------------------------------------------------------------------ convergence bookkeeping
@@ -453,7 +496,7 @@ def test_report_lists_both_shapes_both_vanillas_and_the_budget():
 
     def sim(od, spot):
         return simulate(None, resolution=512, ondemand=od, spot=spot, iterations=1, cost_model=tiny,
-                        baselines=("vanilla", "spotlight"), fair_cost=True)
+                        baselines=("vanilla", "naive_spot", "spotlight", "spotlight_train"), fair_cost=True)
     result = {"simulator": {"by_resolution": {"512": sim(8, 8)},
                             "other_shapes": [{"name": "paper", "ondemand": 4, "spot": 8,
                                               "by_resolution": {"512": sim(4, 8)}}]},
@@ -465,9 +508,15 @@ def test_report_lists_both_shapes_both_vanillas_and_the_budget():
     estimates = {"vanilla": _est(10, "lower") | {"reached": 4, "runs": 6},
                  "spotlight": _est(10, "lower") | {"reached": 3, "runs": 6}}
     text = _headline_section(estimates, shapes, result)
+    today = "Spotlight today (explore during training)"
     for label, _ in shapes:
         for against in ("vanilla, equal on-demand GPUs", "vanilla, equal cost"):
-            assert f"| {label} | 512x512 | time | {against} | 4x | >= 4x | **undetermined** |" in text
+            assert f"| {label} | 512x512 | time | {today} | {against} | 4x | >= 4x | **undetermined** |" in text
+            # spot training and naive spot take vanilla's iterations: the ratio is known although censored
+            for system in ("naive spot (rollouts only)", "Spotlight with spot training"):
+                row = next(line for line in text.splitlines()
+                           if line.startswith(f"| {label} | 512x512 | time | {system} | {against} |"))
+                assert "| 1.00x (by construction) |" in row and "undetermined" not in row
     assert "cluster (SIMULATED)" in text and "neither known nor bounded" in text
     budget = _budget_section(result, shapes)
     assert "| paper: 4 reserved + 8 spot | 512x512 |" in budget and "(vs 4)" in budget and "(vs 8)" in budget
@@ -476,6 +525,8 @@ def test_report_lists_both_shapes_both_vanillas_and_the_budget():
     paper_fair = shapes[1][1][512]["fair_cost"]["ondemand_gpus"]
     assert paper_fair == 4 + int(8 * 2.372376 / 10.315679245)      # the default H100 prices: 5
     assert f"| vanilla_fair_cost | {paper_fair} + 0 |" in table and "| spotlight | 4 + 8 |" in table
+    assert "| spotlight_train | 4 + 8 |" in table and "| vanilla_fair_cost:spotlight_train |" in table
+    assert shapes[1][1][512]["fair_cost"]["by_baseline"]["spotlight_train"]["ondemand_gpus"] >= 4
 
 
 def test_saved_studies_merge_seed_files_and_mark_the_headline(tmp_path):
@@ -504,8 +555,10 @@ def test_mechanism_results_are_reused_and_named(tmp_path):
     assert set(mech) == {"planner", "queue"}        # a failed result is measured again, not reused
     assert mech["planner"]["reused_from"] == str(saved) and mech["queue"]["reused_from"] == "older.json"
     cfg = config_from_args(build_parser().parse_args(["--mechanisms-json", str(saved), "--paper-shape", "2", "6"]))
-    assert cfg.mechanisms_json == saved and cfg.other_shapes == (("paper", 2, 6),)
-    assert config_from_args(build_parser().parse_args([])).other_shapes == (("paper", 4, 8),)
+    assert cfg.mechanisms_json == saved and cfg.other_shapes == (("paper", 2, 6), ("spot-heavy", 2, 14))
+    heavy = config_from_args(build_parser().parse_args(["--spot-heavy-shape", "1", "15"]))
+    assert heavy.other_shapes == (("paper", 4, 8), ("spot-heavy", 1, 15))
+    assert config_from_args(build_parser().parse_args([])).other_shapes == (("paper", 4, 8), ("spot-heavy", 2, 14))
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="mechanisms"):
         saved_mechanisms(tmp_path / "bad.json")

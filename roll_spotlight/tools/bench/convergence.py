@@ -43,10 +43,12 @@ SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fresh": ("configs/tiny_shapes_spotlight.yaml", ("exploration.mode=fresh",)),
     "spotlight": ("configs/tiny_shapes_spotlight.yaml", ()),
 }
-# Which simulated baseline each measured setting stands for (naive_spot explores nothing: vanilla's).
+# Which simulated baseline each measured setting stands for (naive_spot explores nothing and
+# spotlight_train computes vanilla's update: both take vanilla's iterations).
 SIM_BASELINE_OF: dict[str, str] = {"vanilla": "vanilla", "fresh": "explore_critical", "spotlight": "spotlight"}
 SETTING_OF_BASELINE: dict[str, str] = {"vanilla": "vanilla", "explore_critical": "fresh",
-                                       "naive_spot": "vanilla", "spotlight": "spotlight"}
+                                       "naive_spot": "vanilla", "spotlight": "spotlight",
+                                       "spotlight_train": "vanilla"}
 
 # CI-sized runs: a 2-step pretrain, 2 prompts x 2 seeds, 2 iterations evaluated after each.
 SMOKE_OVERRIDES: tuple[str, ...] = (

@@ -14,16 +14,23 @@ least target / X; a lower bound below the target, or an upper bound above it, de
 :func:`headline` returns one row per (resolution, metric) with the issue's target, whether it is
 met, by how much it is missed, and why (from the simulated phases).
 
-Two vanillas stand against Spotlight: ``vanilla`` on the same on-demand GPUs (equal on-demand), and
-``vanilla_fair_cost`` on the on-demand GPUs Spotlight's dollars buy (``sim.budget``: equal cost).
-Both take vanilla's measured iterations. When neither side's iterations are known exactly (both
-medians censored), the ratio of the censored medians is shown beside the row as what it is (not a
-bound), never as the result. Pure: no I/O, no plotting.
+Three spot systems stand in the rows (``SYSTEMS``): naive spot (rollouts only), Spotlight today
+(explores during training) and Spotlight with spot training (trains during training). Naive spot
+and spot training compute vanilla's update, so their iterations ratio is 1.00 by construction;
+Spotlight's is measured. Two vanillas stand against each: ``vanilla`` on the same on-demand GPUs
+(equal on-demand), and the fair-cost vanilla on the on-demand GPUs that system's dollars buy
+(``sim.budget``: equal cost). Both take vanilla's measured iterations. When neither side's
+iterations are known exactly (both medians censored), the ratio of the censored medians is shown
+beside the row as what it is (not a bound), never as the result. ``ISSUE42_GOALS`` are issue 42's
+targets for spot training, checked by :func:`goal_rows`. Pure: no I/O, no plotting.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from roll_spotlight.sim.baselines import Training, get_baseline
+from roll_spotlight.sim.budget import fair_cost_baseline
 
 # Issue 8 targets: Spotlight vs vanilla, time to target >= 4x; cost to target >= 2x at 512^2, >= 6x at 1280^2.
 TARGETS: dict[int, dict[str, float]] = {512: {"time": 4.0, "cost": 2.0}, 1280: {"time": 4.0, "cost": 6.0}}
@@ -31,9 +38,24 @@ METRIC_KEYS = {"time": "time_per_iteration_s", "cost": "cost_per_iteration_usd"}
 FAIR_COST_BASELINE = "vanilla_fair_cost"
 VANILLAS = ("vanilla", FAIR_COST_BASELINE)
 BASELINE_LABELS = {"vanilla": "vanilla, equal on-demand GPUs", FAIR_COST_BASELINE: "vanilla, equal cost"}
-# the measured setting whose iterations each simulated baseline takes (convergence.SETTING_OF_BASELINE
-# plus the fair-cost vanilla, which runs vanilla's algorithm on more GPUs)
-EXTRA_SETTINGS = {FAIR_COST_BASELINE: "vanilla"}
+SYSTEMS = ("naive_spot", "spotlight", "spotlight_train")
+SYSTEM_LABELS = {"naive_spot": "naive spot (rollouts only)", "spotlight": "Spotlight today (explore during training)",
+                 "spotlight_train": "Spotlight with spot training"}
+
+
+def setting_of(baseline: str) -> str | None:
+    """The measured setting whose iterations ``baseline`` takes (convergence.SETTING_OF_BASELINE; every
+    fair-cost vanilla runs vanilla's algorithm on more GPUs: vanilla's)."""
+    from roll_spotlight.tools.bench.convergence import SETTING_OF_BASELINE
+
+    if baseline.startswith(FAIR_COST_BASELINE):
+        return "vanilla"
+    return SETTING_OF_BASELINE.get(baseline)
+
+
+def vanilla_key(baseline: str, system: str) -> str:
+    """The simulation's name of ``baseline`` ("vanilla" or the fair-cost kind) for ``system``."""
+    return fair_cost_baseline(system) if baseline == FAIR_COST_BASELINE else baseline
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,7 @@ class HeadlineRow:
     shape: str = ""               # cluster shape label, e.g. "8 on-demand + 8 spot"
     baseline: str = "vanilla"     # which vanilla: "vanilla" (equal on-demand) or "vanilla_fair_cost"
     at_medians: float | None = None  # per_iteration x the censored medians' ratio (not a bound), when undecided
+    system: str = "spotlight"     # the spot system of the row (SYSTEMS)
 
 
 def censored_medians(vanilla: Mapping[str, Any] | None, spotlight: Mapping[str, Any] | None) -> float | None:
@@ -124,31 +147,46 @@ def _met(total: Ratio, target: float) -> bool | None:
     return False if total.value < target else None
 
 
+def system_iterations(estimates: Mapping[str, Mapping[str, Any]], system: str) -> Ratio:
+    """vanilla / ``system`` iterations to target: 1.00 exactly for a system that computes vanilla's
+    update (naive spot, spot training: same samples, same gradient), else measured (bound-aware)."""
+    setting = setting_of(system)
+    if setting == "vanilla":
+        return Ratio(1.0, "exact")
+    return iterations_ratio(estimates.get("vanilla"), estimates.get(setting or ""))
+
+
 def headline(estimates: Mapping[str, Mapping[str, Any]], sims: Mapping[int, Mapping[str, Any]],
-             shape: str = "", baselines: tuple[str, ...] = VANILLAS) -> list[HeadlineRow]:
-    """Rows for every resolution in ``sims`` (a ``sim.run.simulate`` result per resolution), metric
-    and vanilla of ``baselines`` that the simulation has (the fair-cost one only when simulated)."""
-    ratio = iterations_ratio(estimates.get("vanilla"), estimates.get("spotlight"))
-    medians = censored_medians(estimates.get("vanilla"), estimates.get("spotlight"))
+             shape: str = "", baselines: tuple[str, ...] = VANILLAS,
+             systems: tuple[str, ...] = ("spotlight",)) -> list[HeadlineRow]:
+    """Rows for every system of ``systems``, resolution in ``sims`` (a ``sim.run.simulate`` result
+    per resolution), metric and vanilla of ``baselines`` that the simulation has (the fair-cost one
+    only when simulated)."""
     rows = []
-    for resolution, sim in sorted(sims.items()):
-        for metric, target in TARGETS.get(resolution, TARGETS[1280]).items():
-            for baseline in baselines:
-                if baseline in sim["baselines"]:
-                    rows.append(_row(resolution, metric, target, ratio, sim, shape, baseline, medians))
+    for system in systems:
+        ratio = system_iterations(estimates, system)
+        setting = setting_of(system)
+        medians = None if setting == "vanilla" else censored_medians(estimates.get("vanilla"), estimates.get(setting))
+        for resolution, sim in sorted(sims.items()):
+            if system not in sim["baselines"]:
+                continue
+            for metric, target in TARGETS.get(resolution, TARGETS[1280]).items():
+                for baseline in baselines:
+                    if vanilla_key(baseline, system) in sim["baselines"]:
+                        rows.append(_row(resolution, metric, target, ratio, sim, shape, baseline, medians, system))
     return rows
 
 
 def _row(resolution: int, metric: str, target: float, iters: Ratio, sim: Mapping[str, Any], shape: str = "",
-         baseline: str = "vanilla", medians: float | None = None) -> HeadlineRow:
+         baseline: str = "vanilla", medians: float | None = None, system: str = "spotlight") -> HeadlineRow:
     key = METRIC_KEYS[metric]
-    per_iter = sim["baselines"][baseline][key] / sim["baselines"]["spotlight"][key]
+    per_iter = sim["baselines"][vanilla_key(baseline, system)][key] / sim["baselines"][system][key]
     total = Ratio(None, "unknown") if iters.value is None else Ratio(iters.value * per_iter, iters.bound)
     met = _met(total, target)
     shortfall = target / total.value if total.value and met is False else None
-    why = explain(metric, target, per_iter, iters, sim, baseline, medians)
+    why = explain(metric, target, per_iter, iters, sim, baseline, medians, system)
     return HeadlineRow(resolution, metric, target, per_iter, iters, total, met, shortfall, target / per_iter, why,
-                       shape, baseline, None if medians is None else medians * per_iter)
+                       shape, baseline, None if medians is None else medians * per_iter, system)
 
 
 def ceilings(sim: Mapping[str, Any], baseline: str = "vanilla") -> dict[str, float]:
@@ -168,43 +206,111 @@ def ceilings(sim: Mapping[str, Any], baseline: str = "vanilla") -> dict[str, flo
 
 
 def explain(metric: str, target: float, per_iter: float, iters: Ratio, sim: Mapping[str, Any],
-            baseline: str = "vanilla", medians: float | None = None) -> str:
+            baseline: str = "vanilla", medians: float | None = None, system: str = "spotlight") -> str:
     """Why the row lands where it does, in numbers from this run."""
-    c = ceilings(sim, baseline)
-    parts = [f"simulated per-iteration gain {per_iter:.2f}x (ceiling {c[metric]:.2f}x: training, "
-             f"{c['train_share']:.0%} of an equal-on-demand vanilla iteration, runs on Spotlight's on-demand GPUs only"
-             + (", which Spotlight still pays for" if metric == "cost" else "") + ")"]
+    queue_training = get_baseline(system).training is Training.QUEUE
+    parts = [_train_text(metric, per_iter, sim, system) if queue_training
+             else _ceiling_text(metric, per_iter, sim, baseline, system)]
     if baseline != "vanilla":
-        fair = sim["baselines"][baseline]
-        parts.append(f"this vanilla has {fair.get('ondemand_gpus', '?')} on-demand GPUs (Spotlight's dollars) "
-                     f"against Spotlight's {sim['cluster']['ondemand_gpus']} + {sim['cluster']['spot_gpus']} spot")
+        fair = sim["baselines"][vanilla_key(baseline, system)]
+        parts.append(f"this vanilla has {fair.get('ondemand_gpus', '?')} on-demand GPUs ({system}'s dollars) "
+                     f"against {sim['cluster']['ondemand_gpus']} + {sim['cluster']['spot_gpus']} spot")
     needed = target / per_iter
-    if iters.value is None and medians is not None:
+    if setting_of(system) == "vanilla":
+        parts.append(f"iterations ratio 1.00 by construction: {system} computes vanilla's update, so it takes "
+                     f"vanilla's measured iterations (needed {needed:.2f}x)")
+    elif iters.value is None and medians is not None:
         parts.append(f"measured iterations ratio undetermined: both medians are lower bounds, their ratio "
                      f"{medians:.2f} is no bound (would need vanilla/Spotlight >= {needed:.2f}x)")
     elif iters.value is None:
         parts.append(f"iterations-to-target not measured (would need vanilla/Spotlight >= {needed:.2f}x)")
     else:
         parts.append(f"measured iterations ratio {iters.text()} (needed {needed:.2f}x)")
-    if c[metric] < target:
+    if not queue_training and ceilings(sim, vanilla_key(baseline, system))[metric] < target:
         parts.append(f"the per-iteration ceiling alone is below the {target:g}x target, so the rest must "
                      f"come from fewer iterations")
     return "; ".join(parts)
 
 
+def _ceiling_text(metric: str, per_iter: float, sim: Mapping[str, Any], baseline: str, system: str) -> str:
+    c = ceilings(sim, vanilla_key(baseline, system))
+    return (f"simulated per-iteration gain {per_iter:.2f}x (ceiling {c[metric]:.2f}x: training, "
+            f"{c['train_share']:.0%} of an equal-on-demand vanilla iteration, runs on the on-demand GPUs only"
+            + (", which the system still pays for" if metric == "cost" else "") + ")")
+
+
+def _train_text(metric: str, per_iter: float, sim: Mapping[str, Any], system: str) -> str:
+    """Spot training: where the simulated iteration's seconds went, against vanilla's."""
+    mine, vanilla = sim["baselines"][system], sim["baselines"]["vanilla"]
+    train = mine.get("train") or {}
+    rollout_s = mine["time_per_iteration_s"] - mine["mean_train_phase_s"]
+    return (f"simulated per-iteration gain {per_iter:.2f}x: training {mine['mean_train_phase_s']:.0f} s (vanilla "
+            f"{vanilla['mean_train_phase_s']:.0f} s), {train.get('spot_share', 0.0):.0%} of the micro-batches "
+            f"trained on spot GPUs; rollouts, rewards and weight sync {rollout_s:.0f} s (vanilla "
+            f"{vanilla['time_per_iteration_s'] - vanilla['mean_train_phase_s']:.0f} s)"
+            + ("; the on-demand GPUs are paid for the whole iteration" if metric == "cost" else ""))
+
+
 def time_and_cost_to_target(estimates: Mapping[str, Mapping[str, Any]], sim: Mapping[str, Any]) -> dict:
     """Per simulated baseline: iterations (measured, via ``SETTING_OF_BASELINE``) x per-iteration (simulated)."""
-    from roll_spotlight.tools.bench.convergence import SETTING_OF_BASELINE
-
-    settings = {**SETTING_OF_BASELINE, **EXTRA_SETTINGS}
     out = {}
     for name, result in sim["baselines"].items():
-        est = estimates.get(settings.get(name, ""))
+        est = estimates.get(setting_of(name) or "")
         value = None if not est else est["value"]
-        out[name] = {"setting": settings.get(name), "iterations": value,
+        out[name] = {"setting": setting_of(name), "iterations": value,
                      "bound": "unknown" if value is None else est["bound"],
                      "time_per_iteration_s": result["time_per_iteration_s"],
                      "cost_per_iteration_usd": result["cost_per_iteration_usd"],
                      "time_to_target_s": None if value is None else value * result["time_per_iteration_s"],
                      "cost_to_target_usd": None if value is None else value * result["cost_per_iteration_usd"]}
     return out
+
+
+# ---------------------------------------------------------------------------------- issue 42's targets
+@dataclass(frozen=True)
+class Goal:
+    """One target of issue 42 for ``system`` on cluster shape ``shape`` (the suite's shape name):
+    ``scope`` "per_iteration" (simulated alone) or "to_target" (x the iterations ratio)."""
+
+    system: str
+    shape: str
+    resolution: int
+    metric: str
+    scope: str
+    baseline: str
+    target: float
+
+
+# Issue 42: per-iteration time of spot training vs the equal-on-demand vanilla, 8 + 8 at 512, >= 1.8x;
+# cost to target >= 2x at the paper's 4 + 8 and the spot-heavy shape, 512 and 1280 (both vanillas reported).
+ISSUE42_GOALS: tuple[Goal, ...] = (
+    Goal("spotlight_train", "today", 512, "time", "per_iteration", "vanilla", 1.8),
+    *(Goal("spotlight_train", shape, res, "cost", "to_target", baseline, 2.0)
+      for shape in ("paper", "spot-heavy") for res in (512, 1280) for baseline in VANILLAS),
+)
+
+
+@dataclass(frozen=True)
+class GoalRow:
+    goal: Goal
+    value: Ratio          # vanilla / system: per iteration (SIMULATED) or to target (x MEASURED iterations)
+    met: bool | None
+    found: bool           # False: the shape, resolution or baseline was not simulated
+
+
+def goal_rows(estimates: Mapping[str, Mapping[str, Any]], shapes: Mapping[str, Mapping[int, Mapping[str, Any]]],
+              goals: tuple[Goal, ...] = ISSUE42_GOALS) -> list[GoalRow]:
+    """Each goal against the simulations by shape name (then resolution)."""
+    rows = []
+    for goal in goals:
+        sim = shapes.get(goal.shape, {}).get(goal.resolution)
+        key = vanilla_key(goal.baseline, goal.system)
+        if sim is None or goal.system not in sim["baselines"] or key not in sim["baselines"]:
+            rows.append(GoalRow(goal, Ratio(None, "unknown"), None, False))
+            continue
+        metric = METRIC_KEYS[goal.metric]
+        per_iter = sim["baselines"][key][metric] / sim["baselines"][goal.system][metric]
+        iters = Ratio(1.0, "exact") if goal.scope == "per_iteration" else system_iterations(estimates, goal.system)
+        value = Ratio(None, "unknown") if iters.value is None else Ratio(iters.value * per_iter, iters.bound)
+        rows.append(GoalRow(goal, value, _met(value, goal.target), True))
+    return rows

@@ -10,9 +10,11 @@ from typing import Any, Mapping, Sequence
 from roll_spotlight.tools.bench.paper import PAPER_CLAIMS
 
 PHASE_COLOURS = {"rollout": "tab:blue", "explore": "tab:green", "train": "tab:red", "sync": "tab:purple",
-                 "join": "tab:orange", "restart": "black", "regroup": "tab:pink", "idle": "lightgrey"}
+                 "join": "tab:orange", "restart": "black", "regroup": "tab:pink", "report": "gold",
+                 "idle": "lightgrey"}
 BASELINE_COLOURS = {"vanilla": "tab:grey", "explore_critical": "tab:olive", "naive_spot": "tab:orange",
-                    "spotlight": "tab:blue", "fresh": "tab:olive", "vanilla_fair_cost": "tab:brown"}
+                    "spotlight": "tab:blue", "spotlight_train": "tab:cyan", "fresh": "tab:olive",
+                    "vanilla_fair_cost": "tab:brown"}
 
 
 def _pyplot():
@@ -42,7 +44,8 @@ def plot_to_target(tables: Mapping[int, Mapping[str, Mapping[str, Any]]], metric
         measured = all(table[n][key] is not None for n in names)
         values = [table[n][key] if measured else table[n][per_key] for n in names]
         scale, unit = (3600.0, "h") if metric == "time" else (1.0, "USD")
-        bars = ax.bar(names, [v / scale for v in values], color=[BASELINE_COLOURS.get(n, "tab:grey") for n in names])
+        colours = [BASELINE_COLOURS.get(n.split(":")[0], "tab:grey") for n in names]
+        bars = ax.bar(names, [v / scale for v in values], color=colours)
         for bar, n in zip(bars, names):
             if table[n]["bound"] == "lower":
                 bar.set_hatch("//")
@@ -71,9 +74,10 @@ def _paper_panel(ax, metric: str) -> None:
 
 
 def plot_utilisation(sim: Mapping[str, Any], path: Path, iterations: int = 3) -> Path:
-    """Per-GPU phases of each baseline over its first ``iterations`` iterations (SIMULATED)."""
+    """Per-GPU phases of each baseline over its first ``iterations`` iterations (SIMULATED); of the
+    fair-cost vanillas only Spotlight's (the others are vanilla on another GPU count)."""
     plt = _pyplot()
-    names = [n for n, r in sim["baselines"].items() if r.get("timeline")]
+    names = [n for n, r in sim["baselines"].items() if r.get("timeline") and ":" not in n]
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.0 + 1.6 * len(names)), squeeze=False)
     horizon = max(sum(sim["baselines"][n]["iteration_times_s"][:iterations]) for n in names) if names else 1.0
     for ax, name in zip(axes[:, 0], names):

@@ -5,9 +5,10 @@ Order (one table of contents, :func:`run_suite`):
 1. mechanism benchmarks, measured on this machine: the exploration planner (in process), the
    warm-vs-cold SP regroup and the queue throughput (subprocesses: both start Ray);
 2. the simulator at 512^2 and 1280^2 on the headline spot trace (and any extra traces), with its
-   warm-regroup constant calibrated from step 1 when that ran, for two cluster shapes: today's
-   (``--ondemand``/``--spot``, 8 + 8) and the paper's (``--paper-shape``, 4 reserved + 8 spot), each
-   with the fair-cost vanilla (``sim.budget``) and the exploration budget the shape affords;
+   warm-regroup constant calibrated from step 1 when that ran, for three cluster shapes: today's
+   (``--ondemand``/``--spot``, 8 + 8), the paper's (``--paper-shape``, 4 reserved + 8 spot) and a
+   spot-heavy one (``--spot-heavy-shape``, 2 + 14), each with every spot system's fair-cost vanilla
+   (``sim.budget``) and the exploration budget the shape affords;
 3. the convergence benchmark on the tiny task under a wall-clock budget (or a saved result of
    ``benchmarks/convergence.py`` via ``--convergence-json``), and the iterations ratio of every
    saved convergence study in ``benchmarks/results`` (:func:`saved_studies`);
@@ -52,6 +53,8 @@ FULL_CONVERGENCE_SEEDS = (0, 1, 2)
 FULL_CONVERGENCE_OVERRIDES = ("max_steps=10", "eval_steps=5")
 # The paper's cluster as secondhand accounts give it: 4 reserved (priced on-demand here) + 8 spot GPUs.
 PAPER_SHAPE = ("paper", 4, 8)
+# Most GPUs spot (issue 42): where spot GPUs that train shorten the update most.
+SPOT_HEAVY_SHAPE = ("spot-heavy", 2, 14)
 RESULTS_DIR = Path("benchmarks/results")
 RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
 
@@ -80,7 +83,7 @@ class SuiteConfig:
     convergence_json: tuple[Path, ...] = ()
     subprocess_timeout_s: float = 900.0
     # more cluster shapes simulated beside (ondemand, spot): (name, ondemand, spot)
-    other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE,)
+    other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE, SPOT_HEAVY_SHAPE)
     fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.budget) in every shape
     mechanisms_json: Path | None = None          # reuse the mechanism results of a saved bench_all.json
     studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
@@ -106,7 +109,8 @@ class SuiteConfig:
         conv = ConvergenceConfig(seeds=(0,), budget_s=120.0, overrides=SMOKE_OVERRIDES, isolate=False,
                                  repo_root=kw.pop("repo_root", Path(".")))
         base = dict(smoke=True, mechanisms=("planner",), planner_seeds=2, sim_iterations={512: 2, 1280: 2},
-                    ondemand=2, spot=2, other_shapes=(("paper", 1, 2),), extra_traces=(), sim_cost=SMOKE_SIM_COST,
+                    ondemand=2, spot=2, other_shapes=(("paper", 1, 2), ("spot-heavy", 1, 3)), extra_traces=(),
+                    sim_cost=SMOKE_SIM_COST,
                     timeline_iterations=2,
                     convergence=conv, out_dir=Path("benchmarks/results/smoke"))
         return cls(**(base | kw))
@@ -416,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
     p.add_argument("--paper-shape", type=int, nargs=2, default=None, metavar=("ONDEMAND", "SPOT"),
                    help="second simulated cluster shape, the paper's (default 4 reserved, priced on-demand, + 8 spot)")
+    p.add_argument("--spot-heavy-shape", type=int, nargs=2, default=None, metavar=("ONDEMAND", "SPOT"),
+                   help="third simulated cluster shape, mostly spot GPUs (default 2 on-demand + 14 spot)")
     p.add_argument("--mechanisms-json", type=Path, default=None,
                    help="reuse the mechanism results of a saved bench_all.json instead of measuring them again "
                         "(those it lacks are run)")
@@ -451,8 +457,10 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
     for key in ("ondemand", "spot", "traces_root", "mechanisms_json"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
-    if args.paper_shape is not None:
-        changes["other_shapes"] = (("paper", *args.paper_shape),)
+    given = {"paper": args.paper_shape, "spot-heavy": args.spot_heavy_shape}
+    if any(v is not None for v in given.values()):
+        changes["other_shapes"] = tuple((name, *given[name]) if given.get(name) is not None else (name, od, sp)
+                                        for name, od, sp in base.other_shapes)
     if args.out is not None:
         changes["out_dir"] = args.out
     return dataclasses.replace(base, **changes)
