@@ -1,9 +1,9 @@
 """Discrete-event simulator of a whole cluster running Flow-GRPO iterations (docs/design.md section 6).
 
 It answers time per iteration, GPU idle fractions and cost for vanilla / exploration on the
-critical path / naive spot / Spotlight on one cluster and spot trace, driving the runtime's own
-policies (request queue, exploration planner, SP group planner). Every number it produces is
-simulated; see ``costmodel`` for where each constant comes from.
+critical path / naive spot / Spotlight / Spotlight with spot training on one cluster and spot
+trace, driving the runtime's own policies (request queue, exploration planner, SP group planner).
+Every number it produces is simulated; see ``costmodel`` for where each constant comes from.
 
 The entry points (``simulate``, ``project``, ``time_to_target``, ``main``) live in ``run`` and are
 loaded on first use, so ``python -m roll_spotlight.sim.run`` does not import ``run`` twice.
