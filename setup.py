@@ -5,6 +5,8 @@ Dependency ranges are chosen to install next to ROLL v0.3.0's ``requirements_com
 """
 from setuptools import find_packages, setup
 
+TEST_REQUIRES = ["pytest>=7.4", "hypothesis>=6.80", "scipy>=1.10"]
+
 ENTRY_POINTS = {
     "console_scripts": [
         "spotlight = roll_spotlight.cli:main",
@@ -70,14 +72,10 @@ setup(
         "gpu": ["flash-attn>=2.6.3"],
         # Next to ROLL (installed from its repository): its dacite, and NumPy below 2 as it pins.
         "roll": ["dacite>=1.8", "numpy<2"],  # numpy<2: ROLL v0.3.0's pin
-        "dev": [
-            "pytest>=7.4",
-            "pytest-mock>=3.10",
-            "hypothesis>=6.80",
-            "accelerate>=0.30",
-            "tensorboard>=2.14",
-            "scipy>=1.10",
-        ],
+        # What the test suite imports (every module is collected, so the `roll` tier needs it too);
+        # scipy: the tiny Mask2Former of the GenEval and Qwen-Image tests (see `geneval`).
+        "test": TEST_REQUIRES,
+        "dev": [*TEST_REQUIRES, "pytest-mock>=3.10", "accelerate>=0.30", "tensorboard>=2.14"],
     },
     entry_points=ENTRY_POINTS,
 )
