@@ -5,6 +5,11 @@ The same steps as ROLL's ``examples/start_*.py``: Hydra compose -> dacite into `
 differences: ``--config_path`` is relative to the working directory (ROLL's scripts resolve it
 relative to the script file), extra ``key=value`` arguments are Hydra overrides, the patches named
 in the recipe's ``patches`` list are applied before parsing, and the environment is checked first.
+The recipe is parsed and passes ``spotlight train --check``'s start-up checks (model, prompt and
+reward-model paths, reward, trace) before ROLL's ``init()`` starts any cluster.
+
+A recipe error (a `ConfigError`: unknown or renamed key, wrong value, missing path) is one line on
+stderr naming the key and the recipe file, and exit status 2; ``--debug`` shows its traceback.
 
 Without ROLL installed this exits with status 2 and says how to install it. ROLL's ``init()`` shells
 out to the ``ray`` command (``ray status``, ``ray start``); when it is not on ``PATH`` (a virtual
@@ -20,13 +25,16 @@ import shutil
 import sys
 
 logger = logging.getLogger(__name__)
+PROG = "python -m roll_spotlight.launch"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m roll_spotlight.launch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--config_path", required=True, help="directory of the recipe (relative to the cwd)")
     parser.add_argument("--config_name", required=True, help="recipe file name without .yaml")
-    parser.add_argument("--check", action="store_true", help="parse and validate the recipe, then exit")
+    parser.add_argument("--check", action="store_true",
+                        help="parse the recipe and run the start-up checks (paths, reward), then exit")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a recipe error")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     return parser
 
@@ -55,21 +63,43 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check and (problem := missing_ray_command()):
         print(problem, file=sys.stderr)
         return 2
-    return launch(args.config_path, args.config_name, args.overrides, check_only=args.check)
+    from roll_spotlight.config.strict import ConfigError
 
-
-def launch(config_path: str, config_name: str, overrides: list[str], *, check_only: bool = False) -> int:
-    from roll_spotlight.patches import apply_patches
-    from roll_spotlight.roll.config import compose_mapping, from_mapping
-
-    data = compose_mapping(config_path, config_name, overrides)
-    apply_patches(data.get("patches") or [])
-    cfg = from_mapping(data)
-    if check_only:
-        print(f"{config_name}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
+    try:
+        cfg = load_recipe(args.config_path, args.config_name, args.overrides)
+    except ConfigError as exc:
+        if args.debug:
+            raise
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{cfg.source}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
         if summary := cfg.elastic.rollout_summary():
             print(summary)
         return 0
+    return launch(cfg)
+
+
+def load_recipe(config_path: str, config_name: str, overrides: list[str]):
+    """The recipe composed (Hydra), its patches applied, parsed into `SpotlightConfig` and checked
+    for start-up; every recipe error is a `ConfigError` naming the key and the file."""
+    from roll_spotlight.config.strict import ConfigError
+    from roll_spotlight.patches import apply_patches
+    from roll_spotlight.roll.config import compose_mapping, from_mapping, recipe_path
+
+    source = recipe_path(config_path, config_name)
+    data = compose_mapping(config_path, config_name, overrides)
+    try:
+        apply_patches(data.get("patches") or [])
+    except ValueError as exc:
+        raise ConfigError(f"patches: {exc} in {source}") from exc
+    cfg = from_mapping(data, source=source)
+    cfg.check_startup()
+    return cfg
+
+
+def launch(cfg) -> int:
+    """ROLL's ``init()`` (starts or joins the Ray cluster), then the recipe's pipeline."""
     from roll.distributed.scheduler.initialize import init
 
     from roll_spotlight import plugins

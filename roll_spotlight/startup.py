@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +44,20 @@ class WorkerPlacement:
         return self.ray or self.address is not None or cfg.spot.enabled
 
 
-def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
+def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callable[[str], str] = str) -> None:
     """What can fail at start-up, checked before anything is written (no run directory yet).
 
     The config dataclasses validated keys, types and values; this adds what needs the outside
     world or the placement: the model directory exists, the reward builds (name known, kwargs
     accepted, files it names readable), the spot trace parses, the SP degree fits the model.
+    `key` renames RunConfig's keys in messages to a host's names (the ROLL recipes' `pretrain`).
     """
     from roll_spotlight.config import ConfigError
     from roll_spotlight.rewards.configured import configured_reward
 
     placement = placement or WorkerPlacement()
-    if missing := missing_paths(cfg):
-        raise ConfigError("local files or directories this run needs are missing:\n  " + "\n  ".join(missing))
+    if missing := missing_paths(cfg, key=key):
+        raise ConfigError("local files or directories this run needs are missing: " + "; ".join(missing))
     if cfg.spot.enabled and cfg.spot.trace:
         from roll_spotlight.spot.traces import load_trace
 
@@ -63,13 +65,13 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
     if cfg.task.name == "prompts":
         check_prompt_files(cfg)
     if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
-        raise ConfigError(f"model.path: model directory {cfg.model.path!r} does not exist "
+        raise ConfigError(f"{key('model.path')}: model directory {cfg.model.path!r} does not exist "
                           f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
     try:
         configured_reward(cfg.reward)
     except (ValueError, TypeError, OSError, ImportError) as err:
-        key = "reward.weights" if cfg.reward.weights else "reward.kwargs"
-        raise ConfigError(f"reward: cannot build reward {cfg.reward.name!r} ({key}={cfg.reward.kwargs!r}): "
+        kwargs = key("reward.weights" if cfg.reward.weights else "reward.kwargs")
+        raise ConfigError(f"{key('reward')}: cannot build reward {cfg.reward.name!r} ({kwargs}={cfg.reward.kwargs!r}): "
                           f"{type(err).__name__}: {err}") from err
     if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
         from roll_spotlight.models.memory_plan import check_memory_plan
@@ -89,9 +91,10 @@ def check_startup(cfg, placement: WorkerPlacement | None = None) -> None:
 MISSING_PREFIX = "/missing/"  # recipes default an unset ${oc.env:VAR} to /missing/VAR
 
 
-def missing_paths(cfg) -> list[str]:
+def missing_paths(cfg, *, key: Callable[[str], str] = str) -> list[str]:
     """Every local path the run names that does not exist, as "key=path" lines (with the
-    environment variable to set when a recipe's placeholder stands in for it)."""
+    environment variable to set when a recipe's placeholder stands in for it; `key` as in
+    `check_startup`)."""
     wanted = []
     if cfg.model.preset != "tiny":
         wanted.append(("model.path", cfg.model.path, "dir"))
@@ -100,13 +103,13 @@ def missing_paths(cfg) -> list[str]:
     wanted += [(f"reward.kwargs.{k}", v, "dir") for k, v in cfg.reward.kwargs.items()
                if k.endswith(("_path", "_dir")) and isinstance(v, str)]
     lines = []
-    for key, value, kind in wanted:
+    for name, value, kind in wanted:
         path = Path(str(value))
         if not (path.is_dir() if kind == "dir" else path.is_file()):
             hint = ""
             if str(value).startswith(MISSING_PREFIX):
                 hint = f" (set ${str(value)[len(MISSING_PREFIX):].split('/')[0]})"
-            lines.append(f"{key}={value}: no such {'directory' if kind == 'dir' else 'file'}{hint}")
+            lines.append(f"{key(name)}={value}: no such {'directory' if kind == 'dir' else 'file'}{hint}")
     return lines
 
 

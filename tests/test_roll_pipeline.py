@@ -110,7 +110,7 @@ def test_launcher_check_mode(workdir, capsys):
 
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "max_steps=3"]) == 0
     out = capsys.readouterr().out
-    assert "tiny_shapes_roll: OK" in out and "warning" not in out
+    assert "tiny_shapes_roll.yaml: OK" in out and "warning" not in out
     assert main(["--config_path", str(RECIPES), "--config_name", "tiny_shapes_roll", "--check", "elastic.sp_degree=2",
                  "actor_infer.world_size=2"]) == 0
     assert "elastic.sp_degree=2: rollouts run in SP groups of 2 consecutive actor_infer ranks" in capsys.readouterr().out

@@ -235,3 +235,41 @@ def test_launcher_without_ray_on_path_says_where_it_is(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "'ray' command is not on PATH" in out.stderr
     assert f"export PATH={os.path.dirname(sys.executable)}:$PATH" in out.stderr
+
+
+def test_recipe_key_names_what_a_recipe_says():
+    from roll_spotlight.roll.sections import recipe_key
+
+    assert recipe_key("model.path") == "pretrain"
+    assert recipe_key("model.image_size") == "model.image_size"
+    assert recipe_key("reward.kwargs.model_path") == "reward_fn.kwargs.model_path"
+    assert recipe_key("pretrain.steps") == "base_pretrain.steps"
+    assert recipe_key("rewards") == "rewards" and recipe_key("spot.trace") == "spot.trace"
+
+
+def test_startup_check_names_recipe_keys_and_variables_on_one_line(monkeypatch):
+    """`spotlight train --check`'s check on a ROLL recipe, in the recipe's names (no ROLL needed)."""
+    from roll_spotlight.roll.sections import recipe_key
+    from roll_spotlight.startup import check_startup
+
+    for name in ("QWEN_IMAGE_DIR", "PICKSCORE_PROMPTS_DIR", "PICKSCORE_DIR", "PICKSCORE_PROCESSOR_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    _, run_cfg = validate_recipe(load_yaml(ROOT / "configs/roll/qwen_image_pickscore_512.yaml"))
+    with pytest.raises(ConfigError) as err:
+        check_startup(run_cfg, key=recipe_key)
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in ("pretrain=/missing/QWEN_IMAGE_DIR: no such directory (set $QWEN_IMAGE_DIR)",
+                     "task.train_file=/missing/PICKSCORE_PROMPTS_DIR/train.txt: no such file",
+                     "reward_fn.kwargs.model_path=/missing/PICKSCORE_DIR: no such directory (set $PICKSCORE_DIR)",
+                     "(set $PICKSCORE_PROCESSOR_DIR)"):
+        assert fragment in message
+    assert "model.path" not in message and "reward.kwargs" not in message
+
+
+def test_a_real_model_recipe_without_pretrain_names_pretrain():
+    data = load_yaml(ROOT / "configs/roll/qwen_image_ocr_512.yaml")
+    del data["pretrain"]
+    with pytest.raises(ConfigError, match=r"pretrain in x.yaml must name the model's local diffusers directory"):
+        validate_recipe(data, source="x.yaml")
+

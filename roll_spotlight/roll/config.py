@@ -43,6 +43,7 @@ from roll_spotlight.roll.sections import (
     SpotlightSections,
     check_recipe_keys,
     parse_sections,
+    recipe_key,
     run_config,
 )
 from roll_spotlight.config.run import RunConfig
@@ -65,6 +66,8 @@ class SpotlightConfig(BaseConfig):
                                metadata={"help": "roll_spotlight.patches applied by the launcher (LEDGER.md)"})
     pretrain: Optional[str] = field(
         default=None, metadata={"help": "model path, as in ROLL: a local diffusers directory (fills model.path)"})
+    recipe_file: Optional[str] = field(
+        default=None, metadata={"help": "the recipe's file, named in errors (set by from_mapping's source)"})
 
     actor_train: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "Flow-GRPO trainer"})
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig,
@@ -85,9 +88,9 @@ class SpotlightConfig(BaseConfig):
     dispatch: Section = field(default_factory=dict, metadata={"help": "DispatchConfig (request scheduling)"})
 
     def __post_init__(self) -> None:
-        check_recipe_keys({"actor_infer": {"strategy_args": self.actor_infer.strategy_args}}, source=self.exp_name)
+        check_recipe_keys({"actor_infer": {"strategy_args": self.actor_infer.strategy_args}}, source=self.source)
         data = {f: getattr(self, f) for f in SECTION_KEYS} | {"pretrain": self.pretrain}
-        sections = parse_sections(data, source=self.exp_name)
+        sections = parse_sections(data, source=self.source)
         for name in SECTION_KEYS:
             setattr(self, name, getattr(sections, name))
         try:  # RunConfig fills the preset-dependent defaults into the sections, and checks across them
@@ -95,10 +98,29 @@ class SpotlightConfig(BaseConfig):
         except ConfigError:
             raise
         except ValueError as exc:
-            raise ConfigError(f"{exc} in {self.exp_name}") from exc
-        super().__post_init__()
+            raise ConfigError(f"{exc} in {self.source}") from exc
+        try:
+            super().__post_init__()
+        except (AssertionError, ValueError) as exc:  # ROLL asserts on user input
+            raise ConfigError(f"ROLL's BaseConfig rejects {self.source}: {exc or type(exc).__name__}") from exc
         for role in ROLE_NAMES:
             self._prepare_role(role)
+
+    @property
+    def source(self) -> str:
+        """What errors call this recipe: its file when known, else its exp_name."""
+        return self.recipe_file or self.exp_name
+
+    def check_startup(self) -> None:
+        """`spotlight train --check`'s start-up checks (`roll_spotlight.startup.check_startup`) on this
+        recipe, before any ROLL cluster starts: model, prompt and reward-model paths exist, the
+        reward builds, the trace parses. Errors name the recipe's keys and file."""
+        from roll_spotlight.startup import check_startup
+
+        try:
+            check_startup(self.to_run_config(), key=recipe_key)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{self.source}: {exc}") from exc
 
     def _prepare_role(self, role: str) -> None:
         worker = getattr(self, role)
@@ -107,18 +129,18 @@ class SpotlightConfig(BaseConfig):
             worker.worker_cls = ROLE_DEFAULTS[role][0]
         if not isinstance(worker.world_size, int) or worker.world_size < 1:
             raise ConfigError(f"{role}.world_size must be >= 1 (or set {role}.device_mapping), "
-                              f"got {worker.world_size!r}")
+                              f"got {worker.world_size!r} in {self.source}")
         sp = self.elastic.sp_degree
         if role == "actor_infer" and worker.world_size % sp:
             raise ConfigError(f"actor_infer.world_size={worker.world_size} must be a multiple of "
                               f"elastic.sp_degree={sp}: consecutive actor_infer ranks form SP groups "
-                              "(set actor_infer.device_mapping)")
+                              f"(set actor_infer.device_mapping) in {self.source}")
         samples = self.rollout_batch_size * self.train.group_size
         if role == "actor_train" and worker.world_size > samples:
             raise ConfigError(f"actor_train.world_size={worker.world_size} exceeds the {samples} samples of an "
                               f"iteration (rollout_batch_size={self.rollout_batch_size} x train.group_size="
                               f"{self.train.group_size}): a data-parallel trainer rank needs at least one; "
-                              "use fewer actor_train ranks (device_mapping) or a larger batch")
+                              f"use fewer actor_train ranks (device_mapping) or a larger batch in {self.source}")
 
     @property
     def sections(self) -> SpotlightSections:
@@ -134,19 +156,25 @@ class SpotlightConfig(BaseConfig):
         return {key: getattr(self, key) for key in COMPONENT_KEYS}
 
 
-def from_mapping(data: dict, *, check_types: bool = True) -> SpotlightConfig:
+def from_mapping(data: dict, *, source: str | None = None, check_types: bool = True) -> SpotlightConfig:
     """dacite into SpotlightConfig as ROLL's launchers do (non-strict for ROLL's keys), after
     rejecting the keys dacite would drop or ROLL would assert on without a reason
-    (`roll_spotlight.roll.sections.check_recipe_keys`).
+    (`roll_spotlight.roll.sections.check_recipe_keys`). `source`, the recipe's file, is named in
+    every error (a `ConfigError`); without it, the recipe's exp_name is.
 
     ``check_types=False`` is needed only when the ``strategy_literal`` patch is not applied and a
     role names one of our strategies in ``strategy_args.strategy_name``.
     """
     import dacite
 
-    check_recipe_keys(data, source=data.get("exp_name"))
-    return dacite.from_dict(data_class=SpotlightConfig, data=data,
-                            config=dacite.Config(check_types=check_types))
+    if source is not None:
+        data = {**data, "recipe_file": source}
+    source = data.get("recipe_file") or data.get("exp_name")
+    check_recipe_keys(data, source=source)
+    try:
+        return dacite.from_dict(data_class=SpotlightConfig, data=data, config=dacite.Config(check_types=check_types))
+    except dacite.DaciteError as exc:  # ROLL's keys: a wrong type, a missing value
+        raise ConfigError(f"{one_line(exc)} in {source}") from exc
 
 
 def to_mapping(cfg: SpotlightConfig) -> dict:
@@ -181,14 +209,32 @@ def compose_mapping(config_path: str | None, config_name: str, overrides: list[s
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    if config_path is None:
-        assert GlobalHydra.instance().is_initialized(), "no Hydra search path to reuse"
-        cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    else:
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=os.path.abspath(config_path), version_base=None, job_name="spotlight"):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        if config_path is None:
+            assert GlobalHydra.instance().is_initialized(), "no Hydra search path to reuse"
             cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    return OmegaConf.to_container(cfg, resolve=True)
+        else:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=os.path.abspath(config_path), version_base=None,
+                                       job_name="spotlight"):
+                cfg = compose(config_name=config_name, overrides=list(overrides or []))
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as exc:  # no such file, a bad override or interpolation
+        raise ConfigError(f"{recipe_path(config_path, config_name)}: {one_line(exc)}") from exc
 
 
-__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "DUMMY_SEQUENCE_LENGTH"]
+def recipe_path(config_path: str | None, config_name: str) -> str:
+    """The recipe file as the user named it (``--config_path`` + ``--config_name``)."""
+    name = config_name if config_name.endswith(".yaml") else f"{config_name}.yaml"
+    return os.path.join(config_path, name) if config_path is not None else name
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (Hydra's and OmegaConf's span several)."""
+    return " ".join(str(exc).split())
+
+
+__all__ = ["SpotlightConfig", "from_mapping", "to_mapping", "compose_mapping", "recipe_path", "DUMMY_SEQUENCE_LENGTH"]

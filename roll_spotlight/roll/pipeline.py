@@ -47,6 +47,7 @@ class SpotlightPipeline(BasePipeline):
                               "(ROLL's own start scripts parse recipes into their own config classes)")
         cfg = pipeline_config
         check_environment()
+        cfg.check_startup()  # the launcher did too, before ROLL's init(); here for pipelines started otherwise
         plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
         if summary := cfg.elastic.rollout_summary():
             logger.info(summary)

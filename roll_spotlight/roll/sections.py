@@ -220,6 +220,9 @@ def parse_sections(data: Mapping[str, Any], *, source: str | None = None) -> Spo
 def _model_with_pretrain(model: Any, pretrain: Any, source: str | None) -> Any:
     where = f" in {source}" if source else ""
     if pretrain is None:
+        if isinstance(model, Mapping) and model.get("preset") not in (None, "tiny") and not model.get("path"):
+            raise ConfigError(f"pretrain{where} must name the model's local diffusers directory "
+                              f"(model.preset is {model['preset']!r}), got nothing")
         return model
     if not isinstance(pretrain, str) or not pretrain:
         raise ConfigError(f"pretrain{where} is ROLL's model path (a directory), got {pretrain!r}; "
@@ -256,6 +259,19 @@ def to_plain(value: Any) -> Any:
 
         return to_dict(value)
     return value
+
+
+# RunConfig's names -> a recipe's, where ROLL already uses the name (`run_config` maps them back)
+RUN_TO_RECIPE = {"model.path": "pretrain", "pretrain": "base_pretrain", "reward": "reward_fn"}
+
+
+def recipe_key(run_key: str) -> str:
+    """The recipe's name of a RunConfig key (``model.path`` -> ``pretrain``, ``reward.kwargs.x`` ->
+    ``reward_fn.kwargs.x``), so that start-up checks written for RunConfig name what a recipe says."""
+    for old, new in RUN_TO_RECIPE.items():
+        if run_key == old or run_key.startswith(old + "."):
+            return new + run_key[len(old):]
+    return run_key
 
 
 def run_config(top: Mapping[str, Any], sections: SpotlightSections) -> RunConfig:
