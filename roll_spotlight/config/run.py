@@ -96,7 +96,8 @@ class RewardConfig:
 
 @dataclass
 class SamplingConfig:
-    """How rollouts are sampled. `sde_window` noised steps start inside `window_range`."""
+    """How rollouts are sampled. `sde_window` noised steps start inside `window_range` (both ends
+    included): flow_grpo's `sde_window_range` (a, b), which holds the whole window, is [a, b - sde_window]."""
 
     num_steps: int = 10
     noise_level: float = 0.7
