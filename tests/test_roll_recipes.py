@@ -273,3 +273,14 @@ def test_a_real_model_recipe_without_pretrain_names_pretrain():
     with pytest.raises(ConfigError, match=r"pretrain in x.yaml must name the model's local diffusers directory"):
         validate_recipe(data, source="x.yaml")
 
+
+def test_readme_docs_and_ci_install_the_package_with_one_line():
+    """A ROLL user installs roll_spotlight beside ROLL with the same command wherever they read it."""
+    import re
+
+    pattern = re.compile(r"pip install [^'\n]*-e '\.\[([a-z,]+)\]'")  # the extras
+    found = {name: set(pattern.findall((ROOT / name).read_text()))
+             for name in ("README.md", "docs/roll.md", ".ci/roll-compare")}
+    assert all(len(lines) == 1 for lines in found.values()), found
+    assert len(set.union(*found.values())) == 1, found
+    assert "test" in next(iter(found["docs/roll.md"])).split(",")  # the roll tier's imports (hypothesis, scipy)
