@@ -401,8 +401,10 @@ def test_a_train_request_carries_a_micro_batch_and_no_other_kind_does():
 
 def test_training_work_is_pulled_after_rollouts_and_before_exploration_unless_reordered():
     q, _ = make_queue()
-    q.submit([spec(1, kind=EXPLORE)] + train_specs(1) + [spec(2)])
-    assert [lease.request.kind for lease in q.pull("w", 3)] == [ROLLOUT, RequestKind.TRAIN, EXPLORE]
+    q.submit([spec(1, kind=EXPLORE)] + train_specs(2) + [spec(2)])
+    assert [lease.request.kind for lease in q.pull("w", 3)] == [ROLLOUT]  # a batch never mixes in TRAIN
+    assert [lease.request.kind for lease in q.pull("w", 3)] == [RequestKind.TRAIN] * 2
+    assert [lease.request.kind for lease in q.pull("w", 3)] == [EXPLORE]
     q.submit([spec(3, kind=EXPLORE)] + train_specs(1))
     q.set_order(["explorer"], (ROLLOUT, EXPLORE, RequestKind.TRAIN))
     assert q.pull("explorer", 1)[0].request.kind is EXPLORE

@@ -278,6 +278,9 @@ class ExplorationConfig:
                  "must be in [-1, 1]")
 
 
+TRAINING_PHASES = ("train", "explore", "auto")
+
+
 @dataclass
 class SpotConfig:
     """Spot rollout workers that come and go as a spot market says (Ray runtime only).
@@ -305,6 +308,12 @@ class SpotConfig:
     resource gets one worker pinned to it, and a preemption drain is the notice; `gpu_type` then
     names the GPUs for the cost ledger, and the market keys `trace`, `compression`, `start_s`,
     `victims`, `count_model`, `zones` do not apply).
+
+    `training_phase` says what spot GPUs do while an update trains: "train" (they pull the
+    update's micro-batches beside the trainer, `runtime.queue_training`; exploration gets what is
+    left), "explore" (they explore the next prompts; training stays on the trainer) or "auto"
+    (each iteration, whichever the run's measurements value more, `exploration.placement`; with
+    LoRA off, or anything else that keeps training on the trainer, "explore").
     """
 
     enabled: bool = False
@@ -323,8 +332,11 @@ class SpotConfig:
     gpu_type: str | None = None
     ondemand_usd_per_gpu_hour: float | None = None
     spot_usd_per_gpu_hour: float | None = None
+    training_phase: Literal["train", "explore", "auto"] = "auto"
 
     def __post_init__(self) -> None:
+        _require(self.training_phase in TRAINING_PHASES, "spot.training_phase", self.training_phase,
+                 f"must be one of {list(TRAINING_PHASES)}")
         _require(self.max_workers >= 1, "spot.max_workers", self.max_workers, "must be >= 1")
         _require(isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1, "spot.gpus_per_node",
                  self.gpus_per_node, "must be an integer >= 1")
@@ -372,6 +384,21 @@ class DispatchConfig:
                  and self.pull_batch >= 1, "dispatch.pull_batch", self.pull_batch, "must be an integer >= 1")
 
 
+def spot_training_blocker(cfg: "RunConfig") -> str | None:
+    """Why this run's updates cannot be trained by spot workers (None: they can)."""
+    train = cfg.train
+    if train.lora is None:
+        return ("train.lora is off, and full fine-tuning trains on the on-demand trainer only (every spot worker "
+                "would send the whole model's gradient); set train.use_lora: true")
+    if train.inner_epochs != 1:
+        return (f"train.inner_epochs={train.inner_epochs}: spot workers compute one epoch's micro-batches from the "
+                "published weight version (set train.inner_epochs: 1)")
+    if train.sharding != "replicate":
+        return (f"train.sharding={train.sharding}: sharded trainer ranks run collectives per micro-step; "
+                "spot training needs train.sharding: replicate")
+    return None
+
+
 @dataclass
 class RunConfig:
     """A whole run: ROLL-style top-level keys plus one section per component."""
@@ -410,6 +437,13 @@ class RunConfig:
         if self.exploration.mode != "off":
             _require(self.exploration.seeds_per_prompt >= self.train.group_size, "exploration.seeds_per_prompt",
                      self.exploration.seeds_per_prompt, f"must be >= train.group_size={self.train.group_size}")
+        blocker = spot_training_blocker(self)
+        _require(not (self.spot.enabled and self.spot.training_phase == "train" and blocker), "spot.training_phase",
+                 self.spot.training_phase, f"cannot be 'train': {blocker}")
+
+    def spot_trains(self) -> bool:
+        """Do spot workers pull training micro-batches in this run (`spot.training_phase`)?"""
+        return self.spot.enabled and self.spot.training_phase != "explore" and spot_training_blocker(self) is None
 
     def _fill_geneval_metadata(self) -> None:
         """A `geneval` reward on GenEval prompt files reads each prompt's metadata from those files

@@ -199,6 +199,10 @@ class QueueServer:
         self._tick()
         return self._queue.pending_count(), self._queue.leased_count()
 
+    def unfinished(self, request_ids: Iterable[int]) -> int:
+        self._tick()
+        return self._queue.unfinished(request_ids)
+
     def done_ids(self) -> frozenset[int]:
         self._tick()
         return self._queue.done_ids()

@@ -341,7 +341,8 @@ class RequestQueue:
         est_duration_s: float | None = None,
         kinds: Collection[RequestKind] | None = None,
     ) -> list[Lease]:
-        """Lease up to ``n`` requests to ``worker``. A worker with a pending preemption notice
+        """Lease up to ``n`` requests to ``worker``, in its kind order (``set_order``); a batch never
+        mixes TRAIN with other kinds. A worker with a pending preemption notice
         gets nothing unless it declares (``est_duration_s``) that it finishes before the notice
         deadline. ``kinds`` restricts what it accepts (an on-demand worker may refuse EXPLORE).
         When nothing at all is pending, the ``source`` (if any) is asked for new requests first."""
@@ -357,6 +358,10 @@ class RequestQueue:
         duration = self.config.lease_s if max_lease_s is None else max_lease_s
         leases: list[Lease] = []
         for kind in allowed:
+            if leases and (kind is RequestKind.TRAIN) != (leases[0].request.kind is RequestKind.TRAIN):
+                if self.pending_count(kind):
+                    break  # a batch is all TRAIN or has none: TRAIN leases end together, as one sum
+                continue
             while len(leases) < n and (entry := self._pending.pop(kind, self._entries)):
                 leases.append(self._grant(entry, worker, now, duration))
         return leases
@@ -442,7 +447,8 @@ class RequestQueue:
 
     def complete_all(self, worker: str, results: Iterable[RequestResult], now: float | None = None) -> bool:
         """Complete every result, or none: True iff ``worker`` holds the current lease of each (then
-        all are DONE). Otherwise nothing is accepted, the count goes to ``refused_reports``, and
+        all are DONE; their outputs are not kept: ``take_results`` never returns them, the caller
+        keeps what the results stand for, e.g. a gradient sum). Otherwise nothing is accepted, the count goes to ``refused_reports``, and
         those of the results whose leases ``worker`` still holds return to PENDING (released, not
         failed): their work is in the refused sum, so it must be done again. An id never issued is
         a ValueError before anything changes."""
@@ -452,8 +458,9 @@ class RequestQueue:
                    for e, r in zip(entries, results)]
         if len({r.request_id for r in results}) == len(results) and all(current):
             now = self._now(now)
-            for result in results:
+            for result, entry in zip(results, entries):
                 self.complete(result, now)
+                entry.completion, entry.result_taken = None, True  # the sum went elsewhere, not to results
             return True
         held = {e.request.request_id: e for e, ok in zip(entries, current) if ok}
         for entry in held.values():
@@ -539,6 +546,10 @@ class RequestQueue:
 
     def state_of(self, request_id: int) -> RequestState:
         return self._entries[request_id].state
+
+    def unfinished(self, request_ids: Iterable[int]) -> int:
+        """How many of ``request_ids`` are not DONE (forgotten ones count as done)."""
+        return sum(1 for rid in request_ids if (e := self._entries.get(rid)) is not None and e.state is not _S.DONE)
 
     def done_ids(self) -> frozenset[int]:
         return frozenset(rid for rid, e in self._entries.items() if e.state is _S.DONE)

@@ -49,6 +49,12 @@ class TrainerActor:
         self.store.publish(self.core.weight_version, self.core.policy.published_state())
         return self.core.weight_version
 
+    def use_queue_training(self, queue, inbox, poll_s: float = 0.002) -> None:
+        """Train each update through the queue: the rollout workers pull its micro-batches too."""
+        from roll_spotlight.runtime.queue_training import QueueMicroBatches
+
+        self.core.use_queue(QueueMicroBatches(queue, inbox, poll_s=poll_s))
+
     def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
         t0 = time.time()
         metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
@@ -178,7 +184,8 @@ class RolloutWorker:
 
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
                  commit_every: int = 0, kinds=None, hold_at_step: int | None = None,
-                 sp=None, group_name: str | None = None, heartbeat_s: float = 5.0):
+                 sp=None, group_name: str | None = None, heartbeat_s: float = 5.0, inbox=None,
+                 hold_at_micro_batch: int | None = None):
         from roll_spotlight.dispatch.actor import QueueClient
         from roll_spotlight.runtime.executor import RolloutExecutor
 
@@ -186,11 +193,19 @@ class RolloutWorker:
         self.name, self.store, self.kinds = name, store, kinds
         self.client = QueueClient(queue, name)
         self.counters = {"completed": 0, "committed": 0, "steps": 0, "weight_fetches": 0,
-                         "groups_joined": 0, "peer_weight_copies": 0}
+                         "groups_joined": 0, "peer_weight_copies": 0, "micro_batches": 0,
+                         "micro_batches_refused": 0, "micro_batches_released": 0}
         self.sp, self.leader = None, True
         if sp is not None:
             self._set_group(sp, group_name)
         self.executor = RolloutExecutor(load_policy(policy_path), commit_every=commit_every)
+        self.training = None
+        if inbox is not None:  # queue training: this worker computes micro-batches of updates too
+            from roll_spotlight.runtime.queue_training import WorkerTraining
+
+            self.training = WorkerTraining(self.executor.policy, inbox)
+        self._hold_at_mb = hold_at_micro_batch
+        self._micro_run = 0  # micro-batches computed in this worker's life (for the hold)
         self.version: int | None = None
         self._stop = threading.Event()
         self._notice = threading.Event()
@@ -271,11 +286,12 @@ class RolloutWorker:
     def _lease(self, done: list) -> list:
         """Report the finished ``(lease, output)`` pairs of the last batch and lease the next one
         in one round trip (the queue's ``dispatch.pull_batch`` requests at most)."""
+        kinds = self._pull_kinds()
         if done:
-            _, leases = self._queue_call("complete_and_pull", done, kinds=self.kinds)
+            _, leases = self._queue_call("complete_and_pull", done, kinds=kinds)
             self._unreported = 0
         else:
-            leases = self._queue_call("pull_batch", kinds=self.kinds)
+            leases = self._queue_call("pull_batch", kinds=kinds)
         if leases:
             self._extended = time.monotonic()
         else:  # idle polling: time with nothing to do, not the queue's cost
@@ -283,6 +299,40 @@ class RolloutWorker:
             self._queue_use["idle_s"] += self._last_call_s
             self._queue_use["queue_s"] -= self._last_call_s
         return leases
+
+    def _pull_kinds(self):
+        """What this worker leases: its ``kinds``, less training micro-batches when it has no inbox
+        or serves in an SP group (a group rolls out one image on all its ranks; it does not train)."""
+        from roll_spotlight.dispatch.requests import RequestKind
+
+        if self.training is not None and self.sp is None:
+            return self.kinds
+        return tuple(k for k in (self.kinds or RequestKind) if k is not RequestKind.TRAIN)
+
+    def _train_batch(self, leases: list) -> None:
+        """Compute a batch of TRAIN leases into one gradient sum and report it (queue training).
+        Between micro-batches a stop, notice or leave ends the sum: what finished is reported, the
+        rest handed back. A refused report (a lease revoked meanwhile) has the queue requeue it."""
+        t0 = time.time()
+        self._ensure_version(leases[0].request.weight_version)
+        ran, accepted = self.training.run(self.client.worker, leases, self._between_micro_batches)
+        self.counters["micro_batches" if accepted else "micro_batches_refused"] += ran
+        if ran < len(leases):
+            self.counters["micro_batches_released"] += self._queue_call("release")
+        self.events.append({"worker": self.name, "phase": "train", "start": t0, "end": time.time(),
+                            "micro_batches": ran, "accepted": accepted})
+
+    def _between_micro_batches(self) -> bool:
+        """Called after each micro-batch of a sum: keeps the batch's leases alive, honours a hold
+        (`hold_at_micro_batch`: parks after that many micro-batches of this worker's life), and
+        says whether the sum must end here."""
+        self._micro_run += 1
+        if self._micro_run == self._hold_at_mb:
+            self._held.set()
+            self._release.wait()
+        if self.leader:
+            self._keep_leases()
+        return self._ending()
 
     def _report(self, done: list) -> None:
         """Complete finished ``(lease, output)`` pairs without leasing more (the serve is ending)."""
@@ -295,8 +345,12 @@ class RolloutWorker:
         to report (a follower's list stays empty). Between leases a stop, notice or leave (on any
         rank of a group) ends the batch: the leader completes what finished, its commit of the
         lease in flight is already in, and it releases the leases not started; returns []."""
+        from roll_spotlight.dispatch.requests import RequestKind
         from roll_spotlight.runtime.executor import Finished
 
+        if leases[0].request.kind is RequestKind.TRAIN:  # a batch of TRAIN leases has no other kind
+            self._train_batch(leases)
+            return []
         done, started = [], 0
         for lease in leases:
             if started and (self._ending() if group is None else group.any(self._ending())):

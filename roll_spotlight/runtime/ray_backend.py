@@ -185,6 +185,12 @@ class RayBackend:
         # the journal creates run_dir: only once the trainer is up, so an earlier failure leaves none
         journal = fresh_queue_journal(run_dir) if run_dir is not None else None
         self.queue = create_queue_actor(queue_config(cfg), journal=journal)
+        self.inbox = None
+        if cfg.spot_trains():  # the update's micro-batches go through the queue (runtime.queue_training)
+            from roll_spotlight.runtime.queue_training import create_inbox
+
+            self.inbox = create_inbox(self.queue)
+            ray.get(self.trainer.use_queue_training.remote(self.queue, self.inbox))
         self.workers = {}
         self.serving = {}
         self._rendezvous = None
@@ -202,7 +208,7 @@ class RayBackend:
         elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, self._policy_path())
         return start_training_pool(cfg.spot, self._path, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
-                                   worker_kwargs=worker_kwargs, elastic=elastic)
+                                   worker_kwargs=worker_kwargs, elastic=elastic, inbox=self.inbox)
 
     def _add_workers(self, prefix: str, resource: str, count: int) -> None:
         """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,
@@ -244,7 +250,8 @@ class RayBackend:
         # sets CUDA_VISIBLE_DEVICES for it)
         options = {"resources": {resource: 1}, "num_gpus": worker_gpus(self._path), "name": None, **(_options or {})}
         worker = RolloutWorker.options(**options).remote(
-            name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor, **kwargs)
+            name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor,
+            inbox=self.inbox, **kwargs)
         self.workers[name] = worker
         self.serving[name] = worker.serve.remote()
         return worker
@@ -314,10 +321,24 @@ class RayBackend:
     def finish_train(self, handle) -> dict:
         metrics = ray.get(handle)
         self.weight_version = ray.get(self.trainer.weight_version.remote())
+        if "train/by_worker" in metrics:
+            metrics = metrics | self._training_split(metrics.pop("train/by_worker"))
         if self.spot is not None:
             self.spot.poll()
             metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
         return metrics
+
+    def _training_split(self, by_worker: dict) -> dict:
+        """Queue training: who computed the update's micro-batches (trainer, on-demand and spot
+        rollout workers), and the training time the spot workers saved, measured: their
+        micro-batches at the on-demand participants' measured rate (micro-batches per second)."""
+        spot = {w for w in by_worker if self.spot is not None and self.spot.pool.owns(w)}
+        mb = {kind: sum(by_worker[w][0] for w in by_worker if (w in spot) == (kind == "spot")) for kind in ("spot", "od")}
+        od_rate = sum(n / s for w, (n, s) in by_worker.items() if w not in spot and s > 0)
+        saved = mb["spot"] / od_rate if od_rate > 0 else 0.0
+        return {"train/micro_batches_spot": float(mb["spot"]), "train/micro_batches_ondemand": float(mb["od"]),
+                "train/workers": float(len(by_worker)), "train/spot_workers": float(len(spot)),
+                "train/spot_saved_s": saved}
 
     def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
         return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))

@@ -65,7 +65,7 @@ class RayWorkerLauncher:
 
     def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
                  commit_every: int = 0, node_affinity: bool = False, probe_timeout_s: float = 2.0,
-                 stop_timeout_s: float = 60.0, gpus_per_node: int = 1, elastic=None,
+                 stop_timeout_s: float = 60.0, gpus_per_node: int = 1, elastic=None, inbox=None,
                  worker_kwargs: Callable[[str], Mapping[str, object]] | None = None) -> None:
         if commit_every < 0:
             raise ValueError(f"commit_every must be >= 0, got {commit_every!r}")
@@ -77,6 +77,7 @@ class RayWorkerLauncher:
         self.probe_timeout_s, self.stop_timeout_s = probe_timeout_s, stop_timeout_s
         self.worker_kwargs = worker_kwargs or (lambda node_id: {})
         self.elastic_config = elastic
+        self.inbox = inbox  # queue training: the workers also compute micro-batches of updates
         self.groups = None  # ElasticGroups, opened with the first node of an elastic launcher
         self._rendezvous = None
         self.nodes: dict[str, list[str]] = {}  # pool name -> its workers' names
@@ -112,7 +113,7 @@ class RayWorkerLauncher:
         for gpu, worker in enumerate(names):
             handle = RolloutWorker.options(**options).remote(
                 worker, self.policy_path, self.queue, self.store, threads=self.threads,
-                commit_every=self.commit_every, **self.worker_kwargs(node_id))
+                commit_every=self.commit_every, inbox=self.inbox, **self.worker_kwargs(node_id))
             self.workers[worker], self.members[worker], self._node_of[worker] = handle, (node_id, gpu), name
             self._ready[worker] = handle.prepare_standby.remote()  # loaded and warmed up
             if not self.elastic:

@@ -239,21 +239,24 @@ def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degr
 def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                        ready_timeout_s: float = 120.0, elastic=None) -> TrainingSpotPool:
+                        ready_timeout_s: float = 120.0, elastic=None, inbox=None) -> TrainingSpotPool:
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
     failure injection); by default the market comes from ``spot`` and the clock is the wall.
     With ``spot.source: cluster`` the pool follows the Ray cluster's own spot nodes instead (see
     ``start_cluster_pool``). Each node runs ``spot.gpus_per_node`` workers; ``elastic`` (an
-    `ElasticGroupsConfig`, for SP degree > 1) makes them elastic SP members (``RayWorkerLauncher``)."""
+    `ElasticGroupsConfig`, for SP degree > 1) makes them elastic SP members (``RayWorkerLauncher``);
+    ``inbox`` (queue training) lets them compute micro-batches of updates too."""
     if spot.source == "cluster" and market is None:
         return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
-                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, elastic=elastic)
+                                  worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, elastic=elastic,
+                                  inbox=inbox)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node, elastic=elastic)
+                                 worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node, elastic=elastic,
+                                 inbox=inbox)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
                            SpotPoolConfig(bill_scale=market.config.compression, gpus_per_node=spot.gpus_per_node))
     pool.poll(0.0)
@@ -274,7 +277,7 @@ def cluster_prices(spot: SpotConfig) -> PriceTable:
 def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                        source: EventSource | None = None,
                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                       ready_timeout_s: float = 120.0, elastic=None) -> TrainingSpotPool:
+                       ready_timeout_s: float = 120.0, elastic=None, inbox=None) -> TrainingSpotPool:
     """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
     ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
     for) into events; each such node gets one worker pinned to it (node affinity); a preemption
@@ -283,7 +286,7 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
     ledger = CostLedger(cluster_prices(spot))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
                                  node_affinity=True, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
-                                 elastic=elastic)
+                                 elastic=elastic, inbox=inbox)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
                            SpotPoolConfig(bill_scale=1.0, gpus_per_node=spot.gpus_per_node))
     pool.poll(0.0)

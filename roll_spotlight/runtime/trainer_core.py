@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from roll_spotlight.dispatch.requests import Schedule
 from roll_spotlight.flow_grpo import sigma_schedule
 from roll_spotlight.runtime.executor import stack_outputs
 from roll_spotlight.config.run import RunConfig
@@ -34,6 +35,13 @@ class TrainerCore:
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        self.queue_runner = None
+
+    def use_queue(self, runner) -> None:
+        """Train every update through the request queue (`runtime.queue_training.QueueMicroBatches`):
+        its micro-batches are pulled by this trainer and by the run's rollout workers."""
+        self.queue_runner = runner
+        self.trainer.micro_batches = runner
 
     def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
               baselines: np.ndarray | None = None) -> dict:
@@ -42,8 +50,12 @@ class TrainerCore:
         s = self.cfg.sampling
         traj = stack_outputs(outputs, self.sigmas, s.noise_level, s.kind)
         base = None if baselines is None else np.asarray(baselines, dtype=np.float64)
+        if self.queue_runner is not None:
+            self.queue_runner.begin(self.weight_version, Schedule(s.num_steps, s.noise_level, s.kind))
         metrics = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind,
                                                 baselines=base))
+        if self.queue_runner is not None:
+            metrics |= self.queue_runner.metrics()
         self.weight_version += 1
         if self.ema is not None:
             self.ema.update(self.policy)

@@ -32,6 +32,8 @@ from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_lo
 from roll_spotlight.flow_grpo.advantages import baselined_advantages
 from roll_spotlight.config.run import GRPOConfig
 
+LOSS_TOTALS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
+
 
 @dataclass
 class ScoredBatch:
@@ -151,21 +153,80 @@ class AllReduceGradients(GradientSync):
         return dict(zip(totals, values.tolist()))
 
 
+class GRPOLoss:
+    """The loss of one micro-batch and its backward pass: the trainer's, and every worker's that
+    computes micro-batches of an update for it (`training.micro_batches`).
+
+    The KL reference is `reference` (a frozen copy), else this policy with its LoRA adapters
+    disabled.
+    """
+
+    def __init__(self, policy, cfg: GRPOConfig, reference=None):
+        self.policy, self.cfg, self.reference = policy, cfg, reference
+
+    def _reference(self):
+        """Context giving the KL reference policy (the copy, or this policy with adapters disabled)."""
+        if self.reference is not None:
+            return contextlib.nullcontext(self.reference)
+        return self.policy.adapters_disabled()
+
+    def backward(self, batch: ScoredBatch, adv: torch.Tensor, norm: int, mb) -> dict[str, float]:
+        """Back-propagate micro-batch `mb` (a `dispatch.MicroBatch`: rows held here, one step)
+        weighted by its share of the mean over `norm` kept rows x steps; its weighted loss terms."""
+        idx = np.asarray(mb.rows)
+        out = self.micro_loss(batch, adv, idx, mb.step)
+        weight = len(idx) / norm  # this chunk's share of the mean over all kept samples and steps
+        (out.loss * weight).backward()
+        return {name: float(getattr(out, name).detach()) * weight for name in LOSS_TOTALS}
+
+    def micro_loss(self, batch: ScoredBatch, adv: torch.Tensor, idx: np.ndarray, k: int):
+        """Loss of rows `idx` (of the rows held here) at step k; `adv` is aligned with those rows."""
+        sub = batch.trajectory.select(torch.as_tensor(idx))
+        prompts = [batch.prompts[i] for i in idx]
+        cond = self.policy.encode_prompts(prompts)
+        new = recompute_log_probs(lambda x, s: self.policy.velocity(x, s, cond), sub, k,
+                                  noise_level=batch.noise_level, kind=batch.kind)
+        ref_mean = None
+        if self.cfg.kl_beta > 0:
+            with torch.no_grad(), self._reference() as reference:
+                ref_cond = reference.encode_prompts(prompts)
+                ref = recompute_log_probs(lambda x, s: reference.velocity(x, s, ref_cond), sub, k,
+                                          noise_level=batch.noise_level, kind=batch.kind)
+            ref_mean = ref.mean
+        return policy_loss(new.log_prob, sub.log_probs[:, k], adv[torch.as_tensor(idx)],
+                           clip_range=self.cfg.clip_range, kl_beta=self.cfg.kl_beta,
+                           mean=new.mean, ref_mean=ref_mean, std=new.kl_std)
+
+
 class FlowGRPOTrainer:
     """Owns the optimiser and the frozen reference copy of a policy.
 
     `sync` is the data-parallel hook (`GradientSync`: one rank; `AllReduceGradients`: a group).
+    `micro_batches` runs an update's micro-batches (`training.micro_batches.LocalMicroBatches`:
+    all of them here; the runtime's queue runner lets other workers pull them).
     """
 
     def __init__(self, policy, cfg: GRPOConfig, sync: GradientSync | None = None):
+        from roll_spotlight.training.micro_batches import LocalMicroBatches
+
         self.policy = policy
         self.cfg = cfg
         self.sync = sync or GradientSync()
+        self.micro_batches = LocalMicroBatches()
         self.params = trainable_parameters(policy, cfg.trainable)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         # the KL reference: the policy with its LoRA adapters disabled, else a frozen copy
         copy_reference = cfg.kl_beta > 0 and getattr(policy, "lora", None) is None
-        self.reference = self._frozen_copy(policy) if copy_reference else None
+        self.loss = GRPOLoss(policy, cfg, self._frozen_copy(policy) if copy_reference else None)
+
+    @property
+    def reference(self):
+        """The frozen KL reference copy, or None (adapters disabled, or no KL)."""
+        return self.loss.reference
+
+    @reference.setter
+    def reference(self, module) -> None:
+        self.loss.reference = module
 
     @staticmethod
     def _frozen_copy(policy):
@@ -173,12 +234,6 @@ class FlowGRPOTrainer:
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
-
-    def _reference(self):
-        """Context giving the KL reference policy (the copy, or this policy with adapters disabled)."""
-        if self.reference is not None:
-            return contextlib.nullcontext(self.reference)
-        return self.policy.adapters_disabled()
 
     def advantages(self, batch: ScoredBatch):
         if batch.baselines is not None:
@@ -227,21 +282,17 @@ class FlowGRPOTrainer:
     def _accumulate(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int,
                     steps: list[int]) -> dict:
         """Fresh gradients of the loss mean over kept samples and noised steps, reduced across ranks."""
+        from roll_spotlight.training.micro_batches import plan_micro_batches
+
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        chunks = [local[i:i + self.cfg.micro_batch_size] for i in range(0, len(local), self.cfg.micro_batch_size)]
-        padding = self.sync.micro_batches(len(chunks)) - len(chunks)  # FSDP: ranks run as many micro-steps
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
-        for idx in chunks:
-            for k in steps:
-                out = self._micro_loss(batch, adv, idx, k)
-                weight = len(idx) / norm  # this chunk's share of the mean over all kept samples and steps
-                (out.loss * weight).backward()
-                for name in totals:
-                    totals[name] += float(getattr(out, name).detach()) * weight
+        plan = plan_micro_batches(local, steps, self.cfg.micro_batch_size)
+        totals = self.micro_batches.run(self, batch, adv, norm, plan)
+        chunks = len(plan) // len(steps)
+        padding = self.sync.micro_batches(chunks) - chunks  # FSDP: ranks run as many micro-steps
         for _ in range(padding):  # zero-weight micro-steps, so that every rank runs the same collectives
             for k in steps:
-                (self._micro_loss(batch, adv, np.arange(1), k).loss * 0.0).backward()
+                (self.loss.micro_loss(batch, adv, np.arange(1), k).loss * 0.0).backward()
         self.sync.reduce_gradients(self.params)
         return totals
 
@@ -251,24 +302,6 @@ class FlowGRPOTrainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         return self.sync.reduce_metrics(totals) | {"grad_norm": float(grad_norm)}
-
-    def _micro_loss(self, batch: ScoredBatch, adv: torch.Tensor, idx: np.ndarray, k: int):
-        """Loss of rows `idx` (of the rows held here) at step k; `adv` is aligned with those rows."""
-        sub = batch.trajectory.select(torch.as_tensor(idx))
-        prompts = [batch.prompts[i] for i in idx]
-        cond = self.policy.encode_prompts(prompts)
-        new = recompute_log_probs(lambda x, s: self.policy.velocity(x, s, cond), sub, k,
-                                  noise_level=batch.noise_level, kind=batch.kind)
-        ref_mean = None
-        if self.cfg.kl_beta > 0:
-            with torch.no_grad(), self._reference() as reference:
-                ref_cond = reference.encode_prompts(prompts)
-                ref = recompute_log_probs(lambda x, s: reference.velocity(x, s, ref_cond), sub, k,
-                                          noise_level=batch.noise_level, kind=batch.kind)
-            ref_mean = ref.mean
-        return policy_loss(new.log_prob, sub.log_probs[:, k], adv[torch.as_tensor(idx)],
-                           clip_range=self.cfg.clip_range, kl_beta=self.cfg.kl_beta,
-                           mean=new.mean, ref_mean=ref_mean, std=new.kl_std)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}
