@@ -140,6 +140,7 @@ class AdaptiveBudget:
         self.config = config
         self.scale = 1.0
         self.reason = f"warming up: deciding after {config.window} measured rounds"
+        self.buys = True  # the last decision's verdict (no decision yet: the rounds speak for themselves)
         self.records: list[tuple[float, float, float]] = []  # (gain, removed, spearman) since the last change
         self.history: list[dict] = []
 
@@ -177,7 +178,8 @@ class AdaptiveBudget:
                  f"{cfg.min_equal_removed}, spearman "
                  + ("undefined" if math.isnan(rho) else f"{rho:.3f} {'>=' if ranked else '<'} {cfg.min_spearman}")
                  + f" over {len(window)} rounds")
-        if contrast and ranked:
+        self.buys = contrast and ranked
+        if self.buys:
             new, verdict = 1.0, "buys contrast: full budget"
         else:
             new = self.scale / 2 if self.scale > 0 else 0.0
@@ -191,11 +193,12 @@ class AdaptiveBudget:
         self.scale = new
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "reason": self.reason, "records": [list(r) for r in self.records],
+        return {"scale": self.scale, "reason": self.reason, "buys": self.buys, "records": [list(r) for r in self.records],
                 "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
         self.scale = float(state["scale"])
         self.reason = str(state["reason"])
+        self.buys = bool(state.get("buys", True))
         self.records = [tuple(float(x) for x in r) for r in state["records"]]
         self.history = list(state.get("history", []))

@@ -58,6 +58,7 @@ class RolloutDispatch(Protocol):
 
     def run(self, specs: list) -> list: ...  # RolloutOutput in the order of specs
     def tick(self) -> None: ...  # called while the driver waits (spot pool events)
+    def place_spot(self, share: float) -> int: ...  # queue training: spot workers exploring first
     def metrics(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -78,6 +79,9 @@ class StaticDispatch:
 
     def tick(self) -> None:
         pass
+
+    def place_spot(self, share: float) -> int:
+        return 0
 
     def metrics(self) -> dict:
         return {}
@@ -127,6 +131,9 @@ class PullDispatch:
         if self.spot is not None:
             self.spot.poll()
 
+    def place_spot(self, share: float) -> int:
+        return 0 if self.spot is None else self.spot.place(self.queue, share)
+
     def metrics(self) -> dict:
         if self.spot is None:
             return {}
@@ -163,6 +170,9 @@ class RollClusterBackend:
         """Rollouts, then their rewards (no overlap on this backend)."""
         outputs = self.rollouts(specs)
         return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+
+    def place_spot(self, share: float) -> int:
+        return self.dispatch.place_spot(share)
 
     def explore(self, specs: list) -> list:
         """Explore requests carry the stale version; the weight store still holds it."""

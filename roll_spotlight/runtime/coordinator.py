@@ -27,6 +27,7 @@ import numpy as np
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
+from roll_spotlight.exploration.placement import SpotPlacement
 from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
@@ -50,6 +51,9 @@ class Backend(Protocol):
     # (mean, std), the explored pool's (`exploration.baseline: pool`), or None (each group's own)
     def start_train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
                     baselines: np.ndarray | None = None): ...
+    # queue training (spot.training_phase): let `share` of the spot workers pull exploration before
+    # training micro-batches during the next update; returns how many that is (0 without spot)
+    def place_spot(self, share: float) -> int: ...
     def training(self, handle) -> bool: ...  # is the update still running (exploration may go on)?
     def finish_train(self, handle) -> dict: ...
     def evaluate(self) -> Evaluation: ...
@@ -108,6 +112,12 @@ class Coordinator:
                          if explore.adaptive and explore.mode != "off" else None)
         if explore.baseline == "pool" and explore.mode != "off":
             _require_baselines(backend)
+        # spot.training_phase: auto weighs exploring against training on the spot workers
+        self.placement = (SpotPlacement(explore.adaptive_probe_every or 5)
+                          if cfg.spot_trains() and cfg.spot.training_phase == "auto" and explore.mode == "stale"
+                          else None)
+        self.explorers: dict[int, int] = {}  # iteration -> spot workers that explored first while it trained
+        self.iteration_s: dict[int, float] = {}
 
     def run(self) -> RunResult:
         from tqdm import tqdm
@@ -152,12 +162,16 @@ class Coordinator:
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
         extra = {} if baselines is None else {"baselines": baselines}  # exploration.baseline: pool
+        stats |= self._place_spot(it)
         handle = self.backend.start_train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards,
                                           **extra)
         if self._mode() == "stale":
             stats["explored_seeds"] = self._explore_next(it, handle)
         stats |= self.backend.finish_train(handle)
         t_train = time.monotonic()
+        self.iteration_s[it] = t_train - t0
+        if self.placement is not None:
+            self.placement.observe_training(it, stats.get("train/spot_saved_s", 0.0), int(stats.get("train/spot_workers", 0)))
         return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
                         "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}
@@ -208,12 +222,28 @@ class Coordinator:
         return chosen, outputs, explored, rnd
 
     def _adapt(self, rnd, spearman: float) -> dict:
-        """`exploration.adaptive`: what the round behind this batch bought, and the budget it leaves."""
-        if self.adaptive is None:
-            return {}
+        """`exploration.adaptive`: what the round behind this batch bought, and the budget it leaves;
+        with `spot.training_phase: auto` also what that round was worth against training."""
         if rnd is None:
-            return {"explore/budget_scale": self.adaptive.scale, "explore/reason": self.adaptive.reason}
-        return self.adaptive.observe(rnd.contrast(self.cfg.train.group_size), spearman)
+            return {} if self.adaptive is None else {"explore/budget_scale": self.adaptive.scale,
+                                                      "explore/reason": self.adaptive.reason}
+        contrast = rnd.contrast(self.cfg.train.group_size)
+        out = {} if self.adaptive is None else self.adaptive.observe(contrast, spearman)
+        hosted = rnd.iteration - 1  # the round ran while that iteration's update trained
+        if self.placement is not None and hosted in self.explorers:
+            self.placement.observe_exploration(hosted, contrast.equal_removed, contrast.equal_random,
+                                               self.iteration_s.get(hosted, math.nan), self.explorers[hosted],
+                                               buys=self.adaptive is None or self.adaptive.buys)
+        return out
+
+    def _place_spot(self, it: int) -> dict:
+        """Queue training: which spot workers explore first while this iteration's update trains."""
+        if not self.cfg.spot_trains():
+            return {}
+        share = self.placement.explore_share(it) if self.placement is not None else 0.0
+        self.explorers[it] = self.backend.place_spot(share)
+        out = {"spot/explorers_first": float(self.explorers[it])}
+        return out | (self.placement.metrics() if self.placement is not None else {"spot/explore_share": 0.0})
 
     def _baselines(self, rnd, specs: list[RequestSpec]) -> np.ndarray | None:
         """`exploration.baseline: pool`: each sample's (mean, std) of its prompt's explored stale rewards."""
@@ -268,6 +298,7 @@ class Coordinator:
                 "pending": None if self.pending is None else round_state(self.pending),
                 "fallback_active": self.fallback_active, "rank_history": self.rank_monitor.history,
                 **({} if self.adaptive is None else {"adaptive": self.adaptive.state_dict()}),
+                **({} if self.placement is None else {"placement": self.placement.state_dict()}),
                 "weight_version": self.backend.weight_version, "config": to_dict(self.cfg),
                 "files": {BACKEND_FILE: _file_digest(tmp / BACKEND_FILE)}}
         (tmp / META_FILE).write_text(json.dumps(meta))
@@ -310,6 +341,8 @@ class Coordinator:
         self.rank_monitor.history[:] = meta.get("rank_history", [])
         if self.adaptive is not None and meta.get("adaptive"):
             self.adaptive.load_state_dict(meta["adaptive"])
+        if self.placement is not None and meta.get("placement"):
+            self.placement.load_state_dict(meta["placement"])
         self.writer.truncate_after(meta["iteration"])
 
     @staticmethod

@@ -132,6 +132,7 @@ class ResumedRound(_Pools):
 
     def __init__(self, state: dict):
         self._selection = {int(k): list(v) for k, v in state["selection"].items()}
+        self.iteration = int(state.get("iteration", -1))  # -1: written before rounds recorded it
         self.explored = {tuple(int(x) for x in key.split(":")): Explored(r, None)
                          for key, r in state["rewards"].items()}
 
@@ -141,5 +142,5 @@ class ResumedRound(_Pools):
 
 def round_state(rnd) -> dict:
     """Plain-data form of a finished round (what a checkpoint needs to resume exactly)."""
-    return {"selection": {str(k): v for k, v in rnd.selection().items()},
+    return {"selection": {str(k): v for k, v in rnd.selection().items()}, "iteration": rnd.iteration,
             "rewards": {f"{slot}:{seed}": e.reward for (slot, seed), e in rnd.explored.items()}}

@@ -69,6 +69,10 @@ class LocalBackend:
         outputs = self.rollouts(specs)
         return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
 
+    def place_spot(self, share: float) -> int:
+        """No spot workers in process."""
+        return 0
+
     def explore(self, specs) -> list:
         return self.rollouts(specs, phase="explore")
 

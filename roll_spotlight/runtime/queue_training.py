@@ -90,8 +90,8 @@ class QueueMicroBatches:
     micro-batches become TRAIN requests that the trainer pulls too (module docstring).
 
     `begin(version, schedule)` names the update before `FlowGRPOTrainer.step`; `last` holds the
-    last update's accounting: micro-batches and compute seconds per worker, TRAIN leases granted,
-    refused reports and the wall time of the phase. `pulls` False leaves every micro-batch to the
+    last update's accounting: micro-batches and compute seconds per worker, refused reports (the
+    trainer's and the inbox's) and the wall time of the phase. `pulls` False leaves every micro-batch to the
     workers (tests that decide who computes what).
     """
 
@@ -110,7 +110,7 @@ class QueueMicroBatches:
         if trainer.sync.world_size != 1:
             raise ValueError("queue training runs on one trainer rank (the others are workers that pull)")
         t0 = time.perf_counter()
-        leased_before = self._leases_granted()
+        refused_before = self._inbox_refused()
         work = TrainWork(self.version, batch, advantages, norm, tuple(plan), trainer.cfg, self.schedule)
         ray.get(self.inbox.open.remote(work))  # before the requests exist: a puller finds the work
         ids = ray.get(self.queue.submit.remote(
@@ -121,7 +121,7 @@ class QueueMicroBatches:
         grads, totals = combine(sums, [mb.index for mb in plan], trainer.policy.device)
         for name, p in params.items():
             p.grad = grads.get(name)
-        self.last = self._accounting(sums, refused, self._leases_granted() - leased_before,
+        self.last = self._accounting(sums, refused + self._inbox_refused() - refused_before,
                                      time.perf_counter() - t0)
         self.version = None
         return totals
@@ -152,21 +152,19 @@ class QueueMicroBatches:
         counts = last["micro_batches"]
         return {"train/micro_batches": float(sum(counts.values())),
                 "train/micro_batches_trainer": float(counts.get(self.client.worker, 0)),
-                "train/leases": float(last["leases"]), "train/trainer_refused": float(last["trainer_refused"]),
-                "train/queue_phase_s": last["wall_s"],
+                "train/reports_refused": float(last["refused"]), "train/queue_phase_s": last["wall_s"],
                 "train/by_worker": {w: (counts[w], last["seconds"][w]) for w in counts}}
 
-    def _leases_granted(self) -> int:
-        return ray.get(self.queue.stats.remote()).leases_granted
+    def _inbox_refused(self) -> int:
+        return ray.get(self.inbox.stats.remote()).get("reports_refused", 0)
 
-    def _accounting(self, sums: list[GradientSum], refused: int, leases: int, seconds: float) -> dict:
+    def _accounting(self, sums: list[GradientSum], refused: int, seconds: float) -> dict:
         by_worker: Counter = Counter()
         busy: Counter = Counter()
         for s in sums:
             by_worker[s.worker] += len(s.indices)
             busy[s.worker] += s.seconds
-        return {"micro_batches": dict(by_worker), "seconds": dict(busy), "trainer_refused": refused,
-                "leases": leases, "wall_s": seconds}
+        return {"micro_batches": dict(by_worker), "seconds": dict(busy), "refused": refused, "wall_s": seconds}
 
 
 def trained_parameters(policy, trained) -> dict:

@@ -314,6 +314,9 @@ class RayBackend:
         """`baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
         return self.trainer.train.remote(outputs, prompts, group_ids, rewards, baselines)
 
+    def place_spot(self, share: float) -> int:
+        return 0 if self.spot is None else self.spot.place(self.queue, share)
+
     def training(self, handle) -> bool:
         ready, _ = ray.wait([handle], timeout=0)
         return not ready

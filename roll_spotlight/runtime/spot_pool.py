@@ -144,6 +144,21 @@ class TrainingSpotPool:
         self.completed_on_spot += self.pool.owns(completion.worker)
         self.outputs_resumed += completion.output.resumed_from > 0
 
+    def place(self, queue, share: float) -> int:
+        """Queue training (`spot.training_phase`): the first `share` of the live spot workers, by
+        name, pull exploration before training micro-batches, the others the default order
+        (training first). Returns how many explore first. Workers that join later train first."""
+        import ray
+
+        from roll_spotlight.dispatch.requests import RequestKind
+
+        with self._lock:
+            names = sorted(self.pool.launcher.workers)
+        k = round(share * len(names))
+        explore_first = (RequestKind.ROLLOUT, RequestKind.EXPLORE, RequestKind.TRAIN)
+        ray.get([queue.set_order.remote(names[:k], explore_first), queue.set_order.remote(names[k:], None)])
+        return k
+
     def cost(self) -> CostReport:
         return self.ledger.report(self.clock() * self.bill_scale)
 

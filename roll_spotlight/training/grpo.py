@@ -31,8 +31,7 @@ import torch
 from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_log_probs
 from roll_spotlight.flow_grpo.advantages import baselined_advantages
 from roll_spotlight.config.run import GRPOConfig
-
-LOSS_TOTALS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
+from roll_spotlight.training.micro_batches import LOSS_TOTALS, LocalMicroBatches, plan_micro_batches
 
 
 @dataclass
@@ -207,8 +206,6 @@ class FlowGRPOTrainer:
     """
 
     def __init__(self, policy, cfg: GRPOConfig, sync: GradientSync | None = None):
-        from roll_spotlight.training.micro_batches import LocalMicroBatches
-
         self.policy = policy
         self.cfg = cfg
         self.sync = sync or GradientSync()
@@ -282,8 +279,6 @@ class FlowGRPOTrainer:
     def _accumulate(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int,
                     steps: list[int]) -> dict:
         """Fresh gradients of the loss mean over kept samples and noised steps, reduced across ranks."""
-        from roll_spotlight.training.micro_batches import plan_micro_batches
-
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = plan_micro_batches(local, steps, self.cfg.micro_batch_size)

@@ -29,7 +29,8 @@ import torch
 
 from roll_spotlight.config.run import GRPOConfig
 from roll_spotlight.dispatch.requests import MicroBatch, Schedule
-from roll_spotlight.training.grpo import LOSS_TOTALS
+
+LOSS_TOTALS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")  # a micro-batch's weighted terms
 
 
 def plan_micro_batches(rows: np.ndarray, steps: Sequence[int], micro_batch_size: int) -> list[MicroBatch]:
