@@ -21,7 +21,8 @@ import torch
 
 from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
-from roll_spotlight.training.micro_batches import GradientSum, TrainWork, combine, compute_sum, plan_micro_batches
+from roll_spotlight.dispatch.requests import plan_micro_batches
+from roll_spotlight.training.micro_batches import GradientSum, TrainWork, combine, compute_sum
 from tests.runtime_helpers import random_policy, tiny_config
 
 RTOL, ATOL = 1e-5, 1e-7

@@ -9,7 +9,7 @@ from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.run import simulate
 from roll_spotlight.sim.spotfeed import fake_feed
 from roll_spotlight.sim.system import ClusterSimulation, SimConfig
-from roll_spotlight.sim.training import plan_micro_batches
+from roll_spotlight.dispatch.requests import plan_micro_batches
 
 # 16 prompts x 16 images = 256 samples: 64 chunks x 2 trained steps = 128 micro-batches
 COST = CostModel.from_dict({"prompts_per_iteration": 16, "group_size": 16})
@@ -48,7 +48,7 @@ def merged_feed(*feeds):
 
 
 def test_micro_batch_plan_is_chunk_major_step_minor():
-    plan = plan_micro_batches(10, 4, 2)
+    plan = plan_micro_batches(range(10), range(2), 4)
     assert [(mb.index, mb.rows, mb.step) for mb in plan[:3]] == [(0, (0, 1, 2, 3), 0), (1, (0, 1, 2, 3), 1),
                                                                  (2, (4, 5, 6, 7), 0)]
     assert plan[-1].rows == (8, 9) and len(plan) == COST.train_micro_batches(10) == 6

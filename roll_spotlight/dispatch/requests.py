@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 STEP_KINDS = frozenset({"sde", "cps", "cps_gaussian", "ode"})
 
@@ -85,6 +85,15 @@ class Schedule:
     def window(self) -> tuple[int, int]:
         """The SDE window as ``(start, end)`` steps, ``window_end=None`` resolved to ``num_steps``."""
         return self.window_start, self.num_steps if self.window_end is None else self.window_end
+
+
+def plan_micro_batches(rows: Sequence[int], steps: Sequence[int], size: int) -> list[MicroBatch]:
+    """An update's micro-batches: chunks of ``size`` of ``rows``, each at every one of ``steps``,
+    chunk-major and step-minor (the order a trainer accumulates in; indices follow it)."""
+    rows = [int(r) for r in rows]
+    chunks = [tuple(rows[i:i + size]) for i in range(0, len(rows), size)]
+    return [MicroBatch(c * len(steps) + j, chunk, int(k)) for c, chunk in enumerate(chunks)
+            for j, k in enumerate(steps)]
 
 
 @dataclass(frozen=True)

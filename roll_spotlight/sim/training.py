@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
 from roll_spotlight.dispatch.queue import RequestQueue
-from roll_spotlight.dispatch.requests import Lease, MicroBatch, RequestKind, RequestSpec, Schedule
+from roll_spotlight.dispatch.requests import Lease, RequestKind, RequestSpec, Schedule, plan_micro_batches
 from roll_spotlight.elastic.planner import SPGroup
 from roll_spotlight.sim.cluster import GpuKind, Member, Phase
 from roll_spotlight.sim.costmodel import CostModel
@@ -35,13 +35,6 @@ from roll_spotlight.sim.engine import EventHandle, EventLoop
 
 TRAINER_NODE = "od0"   # the optimizer's owner: the first on-demand node
 _EPS = 1e-9
-
-
-def plan_micro_batches(images: int, size: int, steps: int) -> list[MicroBatch]:
-    """The update's micro-batches: chunks of ``size`` rows, each at every trained step, in the
-    runtime's order (chunk-major, step-minor; ``training.micro_batches.plan_micro_batches``)."""
-    chunks = [tuple(range(i, min(i + size, images))) for i in range(0, images, size)]
-    return [MicroBatch(c * steps + k, rows, k) for c, rows in enumerate(chunks) for k in range(steps)]
 
 
 @dataclass(frozen=True)
@@ -143,7 +136,7 @@ class QueueTrainer:
         """Submit the iteration's micro-batches (the weights being trained are the current version)."""
         sim, cost = self.sim, self.sim.cost
         schedule = sim._schedule(RequestKind.ROLLOUT)
-        plan = plan_micro_batches(images, int(cost.train_micro_batch_images), int(cost.trained_steps))
+        plan = plan_micro_batches(range(images), range(int(cost.trained_steps)), int(cost.train_micro_batch_images))
         specs = [RequestSpec.train(mb, schedule, sim._version, sim._iteration) for mb in plan]
         self.outstanding = len(specs)
         sim.queue.submit(specs)

@@ -31,7 +31,8 @@ import torch
 from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_log_probs
 from roll_spotlight.flow_grpo.advantages import baselined_advantages
 from roll_spotlight.config.run import GRPOConfig
-from roll_spotlight.training.micro_batches import LOSS_TOTALS, LocalMicroBatches, plan_micro_batches
+from roll_spotlight.dispatch.requests import plan_micro_batches
+from roll_spotlight.training.micro_batches import LOSS_TOTALS, LocalMicroBatches
 
 
 @dataclass

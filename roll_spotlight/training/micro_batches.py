@@ -1,8 +1,9 @@
 """The micro-batches of one Flow-GRPO update, and the gradient sums workers report for them.
 
 An update's gradient is a sum over micro-batches (some kept rows of the batch at one trained step,
-each term weighted by its share of the mean over kept rows x trained steps). `plan_micro_batches`
-fixes their order: chunk-major, step-minor, the order the trainer has always accumulated in.
+each term weighted by its share of the mean over kept rows x trained steps).
+`dispatch.requests.plan_micro_batches` fixes their order: chunk-major, step-minor, the order the
+trainer has always accumulated in.
 Where they run is a runner's choice:
 
 - `LocalMicroBatches` (the default) runs every one here, in plan order;
@@ -31,13 +32,6 @@ from roll_spotlight.config.run import GRPOConfig
 from roll_spotlight.dispatch.requests import MicroBatch, Schedule
 
 LOSS_TOTALS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")  # a micro-batch's weighted terms
-
-
-def plan_micro_batches(rows: np.ndarray, steps: Sequence[int], micro_batch_size: int) -> list[MicroBatch]:
-    """The update's micro-batches: chunks of `micro_batch_size` of `rows`, each at every step."""
-    chunks = [tuple(int(r) for r in rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
-    return [MicroBatch(i * len(steps) + j, chunk, int(k)) for i, chunk in enumerate(chunks)
-            for j, k in enumerate(steps)]
 
 
 @dataclass(frozen=True)
