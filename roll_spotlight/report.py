@@ -124,6 +124,7 @@ def write_report(run_dir: Path) -> Path:
         lines += _summary_lines(json.loads(summary_path.read_text()))
     lines += ["![curves](curves.png)", ""]
     lines += _sample_lines(run_dir)
+    lines += _training_lines(rows)
     lines += _spot_lines(rows)
     timeline_path = run_dir / "timeline.json"
     if timeline_path.is_file() and (events := json.loads(timeline_path.read_text())):
@@ -152,11 +153,44 @@ def _sample_lines(run_dir: Path) -> list[str]:
 
 def _summary_lines(summary: dict) -> list[str]:
     b, f, p = summary["base"], summary["final"], summary["paired"]
-    return ["| | validation reward | strict accuracy |", "|---|---|---|",
-            f"| base | {b['val_reward']:.4f} ± {b['val_reward_se']:.4f} | {b['val_strict']:.3f} |",
-            f"| final | {f['val_reward']:.4f} ± {f['val_reward_se']:.4f} | {f['val_strict']:.3f} |", "",
-            f"Paired gain: {p['gain']:+.4f} ± {p['gain_se']:.4f} (z = {p['z']:.1f}); "
-            f"strict accuracy change {p['strict_change']:+.3f}.", ""]
+    bg = "val_bg_level" in b and "val_bg_level" in f
+    head = "| | validation reward | strict accuracy |" + (" background level | background patch grid |" if bg else "")
+
+    def row(name: str, e: dict) -> str:
+        cells = f"| {name} | {e['val_reward']:.4f} ± {e['val_reward_se']:.4f} | {e['val_strict']:.3f} |"
+        return cells + (f" {e['val_bg_level']:.2f} | {e['val_bg_grid']:.3f} |" if bg else "")
+
+    lines = [head, "|---|---|---|" + ("---|---|" if bg else ""), row("base", b), row("final", f), "",
+             f"Paired gain: {p['gain']:+.4f} ± {p['gain_se']:.4f} (z = {p['z']:.1f}); "
+             f"strict accuracy change {p['strict_change']:+.3f}.", ""]
+    if bg:
+        lines += ["Background columns: what the reward cannot see, over every validation pair: the mean intensity "
+                  "(0-255) of the black background away from the shapes, and the spread of that mean over the "
+                  "pixel positions of one token's patch (a texture on the patch grid); `tasks.shapes.artefacts`.", ""]
+    return lines
+
+
+def _training_lines(rows: list[dict]) -> list[str]:
+    """Queue training (`spot.training_phase`): who computed the updates' micro-batches."""
+    rows = [r for r in rows if "train/micro_batches" in r]
+    if not rows:
+        return []
+    total = sum(r["train/micro_batches"] for r in rows)
+    spot = sum(r.get("train/micro_batches_spot", 0.0) for r in rows)
+    trainer = sum(r.get("train/micro_batches_trainer", 0.0) for r in rows)
+    workers = sum(r.get("train/workers", 0.0) for r in rows)
+    spot_workers = sum(r.get("train/spot_workers", 0.0) for r in rows)
+    lines = ["## Training micro-batches", "",
+             f"{len(rows)} updates, {total:g} micro-batches: {trainer:g} on the trainer, "
+             f"{total - trainer - spot:g} on on-demand rollout workers, {spot:g} on spot workers "
+             f"({100 * spot / total:.1f}%; spot workers were {100 * spot_workers / max(workers, 1):.1f}% of the "
+             f"workers that trained). Refused reports: {sum(r.get('train/reports_refused', 0.0) for r in rows):g}; "
+             f"training seconds the spot workers saved (their micro-batches at the on-demand rate): "
+             f"{sum(r.get('train/spot_saved_s', 0.0) for r in rows):.1f}.", ""]
+    placed = [r for r in rows if "spot/placement" in r]
+    if placed:
+        lines += [f"Last placement (`spot.training_phase: auto`): {placed[-1]['spot/placement']}.", ""]
+    return lines
 
 
 SPOT_COUNTERS = ("nodes_started", "preemptions", "notices", "notices_late", "actor_deaths", "commits",

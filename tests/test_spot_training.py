@@ -359,3 +359,25 @@ def test_a_wall_clock_pool_polls_its_market_while_the_driver_is_busy():
     time.sleep(0.05)
     assert len(polled) == after_close  # closed: the poller has stopped
     assert spot._poller is not None and not spot._poller.is_alive()
+
+
+def test_report_says_who_trained_the_micro_batches_and_what_the_reward_cannot_see(tmp_path):
+    import json
+
+    from roll_spotlight.report import write_report
+
+    base = {"reward_mean": 0.1, "val_reward": 0.2, "val_reward_se": 0.01, "val_strict": 0.3}
+    train = {"train/micro_batches": 12.0, "train/micro_batches_trainer": 3.0, "train/micro_batches_spot": 6.0,
+             "train/workers": 4.0, "train/spot_workers": 2.0, "train/reports_refused": 1.0,
+             "train/spot_saved_s": 2.5, "spot/placement": "training saves more: every spot worker trains first"}
+    rows = [{"step": 1} | base | train, {"step": 2} | base | train]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = {"val_reward": 0.5, "val_reward_se": 0.01, "val_strict": 0.2, "val_bg_level": 0.4, "val_bg_grid": 0.1}
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "base": evals, "final": evals | {"val_bg_level": 3.5, "val_bg_grid": 1.25},
+        "paired": {"gain": 0.1, "gain_se": 0.02, "z": 5.0, "strict_change": 0.0}}))
+    report = write_report(tmp_path).read_text()
+    assert "24 micro-batches: 6 on the trainer, 6 on on-demand rollout workers, 12 on spot workers (50.0%" in report
+    assert "spot workers were 50.0% of the workers" in report and "Refused reports: 2" in report
+    assert "every spot worker trains first" in report
+    assert "| final | 0.5000 ± 0.0100 | 0.200 | 3.50 | 1.250 |" in report

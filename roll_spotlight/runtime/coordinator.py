@@ -420,8 +420,14 @@ def _file_digest(path: Path) -> dict:
 
 
 def _eval_dump(ev: Evaluation | None) -> dict | None:
-    return None if ev is None else {"rewards": ev.rewards.tolist(), "strict": ev.strict.tolist()}
+    if ev is None:
+        return None
+    out = {"rewards": ev.rewards.tolist(), "strict": ev.strict.tolist()}
+    return out | ({} if ev.background is None else {"background": ev.background.tolist()})
 
 
 def _eval_load(data: dict | None) -> Evaluation | None:
-    return None if data is None else Evaluation(np.asarray(data["rewards"]), np.asarray(data["strict"]))
+    if data is None:
+        return None
+    background = np.asarray(data["background"]) if "background" in data else None
+    return Evaluation(np.asarray(data["rewards"]), np.asarray(data["strict"]), background=background)

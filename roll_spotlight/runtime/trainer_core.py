@@ -32,6 +32,11 @@ class TrainerCore:
         self.reward_fn = configured_reward(cfg.reward)
         # strict accuracy: the shapes task's detector; on prompt files, the reward's own "strict" (if any)
         self.strict_fn = strict_scorer() if cfg.task.name == "shapes" else None
+        self.artefact_fn = None
+        if cfg.task.name == "shapes":  # a black background: what the reward cannot see there
+            from roll_spotlight.tasks.shapes.artefacts import background_artefacts
+
+            self.artefact_fn = background_artefacts
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
@@ -65,9 +70,9 @@ class TrainerCore:
         """Validation of the policy, or of its weight average when `train.ema_decay` > 0 (rollouts
         always use the live weights; the average is what a run delivers)."""
         if self.ema is None:
-            return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn)
+            return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn, self.artefact_fn)
         with self.ema.swapped_into(self.policy):
-            return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn)
+            return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn, self.artefact_fn)
 
     def state_dict(self) -> dict:
         """With LoRA the policy's part is its adapters only (the frozen base is `model.path`'s)."""

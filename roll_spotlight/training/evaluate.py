@@ -25,6 +25,9 @@ class Evaluation:
     rewards: np.ndarray
     strict: np.ndarray
     samples: np.ndarray | None = None
+    # (n, 2) per pair: the background's mean intensity and patch-grid texture, what the reward
+    # cannot see (`tasks.shapes.artefacts`); None for tasks without a black background
+    background: np.ndarray | None = None
 
     @property
     def mean(self) -> float:
@@ -39,14 +42,20 @@ class Evaluation:
         return float(self.strict.mean())
 
     def summary(self) -> dict:
-        return {"val_reward": self.mean, "val_reward_se": self.stderr, "val_strict": self.strict_accuracy}
+        out = {"val_reward": self.mean, "val_reward_se": self.stderr, "val_strict": self.strict_accuracy}
+        if self.background is not None:
+            level, grid = (float(np.nanmean(col)) if np.isfinite(col).any() else math.nan for col in self.background.T)
+            out |= {"val_bg_level": level, "val_bg_grid": grid}
+        return out
 
 
-def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None) -> Evaluation:
+def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None, artefact_fn=None) -> Evaluation:
     """Generate every validation pair with the ODE sampler and score it.
 
     `strict_fn` (the task's detector as a reward) supplies strict accuracy when the training reward
     is something else: a reward that rises while strict accuracy falls is being gamed.
+    `artefact_fn(uint8 images) -> (level, grid)` measures what the reward cannot see
+    (`tasks.shapes.artefacts.background_artefacts` on the shapes task).
     """
     was_training = policy.training
     policy.eval()
@@ -58,8 +67,11 @@ def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None
     strict_out = strict_fn(images, list(val.texts)) if strict_fn is not None else out
     strict = strict_out.info.get("strict")
     strict = np.asarray(strict, dtype=np.float64) if strict is not None else np.full(len(images), np.nan)
+    background = None
+    if artefact_fn is not None:
+        background = np.stack(artefact_fn(as_uint8_images(images)), axis=1)
     samples = as_uint8_images(images[:SAMPLE_PAIRS])
-    return Evaluation(np.asarray(out.rewards, dtype=np.float64), strict, samples)
+    return Evaluation(np.asarray(out.rewards, dtype=np.float64), strict, samples, background)
 
 
 def save_samples(path, ev: Evaluation, val: ValidationSet) -> None:
