@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from roll_spotlight.dispatch import (
     InFlightState,
     ManualClock,
+    MicroBatch,
     QueueConfig,
     RequestKind,
     RequestQueue,
@@ -29,6 +30,7 @@ SCHEDULE = Schedule(num_steps=8, noise_level=0.7)
 OP_KINDS = (
     ["pull"] * 4 + ["complete"] * 4 + ["tick"] * 3 + ["batch"] * 2
     + ["submit", "replay", "commit", "checkpoint", "release", "lost", "heartbeat", "notice", "complete_many"]
+    + ["sum"] * 3
 )
 # An op is (kind, worker, x, step); x is a count, an index, seconds, as the kind needs.
 OPS = st.tuples(
@@ -38,6 +40,8 @@ OPS = st.tuples(
 
 
 def make_spec(seed: int) -> RequestSpec:
+    if seed % 3 == 1:  # a training micro-batch: reported in gradient sums (complete_all)
+        return RequestSpec.train(MicroBatch(seed, (seed,), 0), SCHEDULE, 0, 0)
     kind = RequestKind.EXPLORE if seed % 3 == 0 else RequestKind.ROLLOUT
     return RequestSpec(seed % 4, f"p{seed % 4}", seed, SCHEDULE, 0, kind, iteration=0)
 
@@ -54,6 +58,7 @@ class Harness:
         self.rejected = 0
         self.last_step: dict[int, int] = {}
         self.submitted = 0
+        self.refused_sums = 0
 
     def submit(self, count: int) -> None:
         self.queue.submit([make_spec(self.submitted + i) for i in range(count)])
@@ -102,6 +107,25 @@ class Harness:
             self.judged(result, ok)
         self.took(name, leases)
 
+    def sum(self, name: str, x: int) -> None:
+        """Report a gradient sum over some held TRAIN leases: all accepted, or none (and then the
+        ones still held go back to PENDING, none stays leased to this worker)."""
+        train = [lease for lease in self.held[name] if lease.request.kind is RequestKind.TRAIN][: 1 + x % 3]
+        if not train:
+            return
+        self.held[name] = [lease for lease in self.held[name] if lease not in train]
+        results = [lease.result((lease.request.request_id, lease.lease_id)) for lease in train]
+        if self.queue.complete_all(name, results):
+            event("gradient sum accepted")
+            for result in results:
+                assert result.request_id not in self.accepted, "completed twice"
+                self.accepted[result.request_id] = result.output
+        else:
+            event("gradient sum refused")
+            self.refused_sums += 1
+            mine = {lease.request.request_id for lease in self.queue.leases_of(name)}
+            assert not mine & {r.request_id for r in results}
+
     def tick(self, seconds: int) -> None:
         """Advance the clock; expiry must return exactly the leases a full scan finds overdue."""
         self.clock.advance(seconds)
@@ -148,6 +172,8 @@ class Harness:
             self.tick(x)
         elif kind in ("batch", "complete_many"):
             self.batch(name, x, pull=kind == "batch")
+        elif kind == "sum":
+            self.sum(name, x)
         elif kind == "notice":
             self.queue.notify_preemption(name, self.clock.now + 2 * x)
         else:
@@ -185,7 +211,7 @@ def test_any_interleaving_completes_every_request_exactly_once(initial, ops):
     stats = h.queue.stats()
     assert h.queue.done_ids() == set(range(h.submitted))
     assert len(h.accepted) == stats.completed == stats.submitted == h.submitted
-    assert stats.duplicate_completions == h.rejected
-    for completion in h.queue.take_results():
+    assert stats.duplicate_completions == h.rejected and stats.refused_reports == h.refused_sums
+    for completion in h.queue.take_results():  # gradient sums keep no output in the queue
         rid = completion.request.request_id
         assert completion.output == h.accepted[rid] == (rid, completion.lease_id)
