@@ -187,6 +187,11 @@ def _training_lines(rows: list[dict]) -> list[str]:
              f"workers that trained). Refused reports: {sum(r.get('train/reports_refused', 0.0) for r in rows):g}; "
              f"training seconds the spot workers saved (their micro-batches at the on-demand rate): "
              f"{sum(r.get('train/spot_saved_s', 0.0) for r in rows):.1f}.", ""]
+    notices = sum(r.get("spot/notices_in_training", 0.0) for r in rows)
+    kills = sum(r.get("spot/preemptions_in_training", 0.0) for r in rows)
+    if notices or kills:
+        lines += [f"While updates trained the market sent {notices:g} notices and preempted {kills:g} spot nodes; "
+                  "every update still counted each of its micro-batches exactly once (the trainer asserts it).", ""]
     placed = [r for r in rows if "spot/placement" in r]
     if placed:
         lines += [f"Last placement (`spot.training_phase: auto`): {placed[-1]['spot/placement']}.", ""]

@@ -198,6 +198,7 @@ class RayBackend:
         self._add_workers("ondemand", ONDEMAND, self.cluster.ondemand_workers)
         self._add_workers("spot", SPOT, self.cluster.spot_workers)
         self._events: list[dict] = []
+        self._market_at_train = (0, 0)
         self.spot = None
         if cfg.spot.enabled:
             self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
@@ -312,7 +313,13 @@ class RayBackend:
 
     def start_train(self, outputs, prompts, group_ids, rewards, baselines=None):
         """`baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
+        self._market_at_train = self._market_counts()
         return self.trainer.train.remote(outputs, prompts, group_ids, rewards, baselines)
+
+    def _market_counts(self) -> tuple[int, int]:
+        """(notices, preemptions) of the spot pool so far; (0, 0) without spot."""
+        stats = None if self.spot is None else self.spot.pool.stats
+        return (0, 0) if stats is None else (stats.notices, stats.preemptions)
 
     def place_spot(self, share: float) -> int:
         return 0 if self.spot is None else self.spot.place(self.queue, share)
@@ -329,6 +336,8 @@ class RayBackend:
         if self.spot is not None:
             self.spot.poll()
             metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
+            (n0, p0), (n1, p1) = self._market_at_train, self._market_counts()
+            metrics |= {"spot/notices_in_training": float(n1 - n0), "spot/preemptions_in_training": float(p1 - p0)}
         return metrics
 
     def _training_split(self, by_worker: dict) -> dict:
