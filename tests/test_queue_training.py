@@ -148,9 +148,11 @@ def test_spot_training_that_cannot_run_fails_at_start_up_naming_the_key(override
     assert needle in str(err.value)
 
 
-def test_auto_trains_on_spot_only_when_it_can():
+def test_spot_workers_train_by_default_wherever_the_run_can():
     assert tiny_config("spot.enabled=true", *LORA).spot_trains()
+    assert tiny_config("spot.enabled=true", *LORA, "spot.training_phase=auto").spot_trains()
     assert not tiny_config("spot.enabled=true").spot_trains()  # full fine-tuning: the trainer alone
+    assert not tiny_config("spot.enabled=true", "spot.training_phase=auto").spot_trains()
     assert not tiny_config("spot.enabled=true", *LORA, "spot.training_phase=explore").spot_trains()
     assert not tiny_config(*LORA).spot_trains()  # no spot workers at all
 

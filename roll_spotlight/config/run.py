@@ -312,8 +312,10 @@ class SpotConfig:
     `training_phase` says what spot GPUs do while an update trains: "train" (they pull the
     update's micro-batches beside the trainer, `runtime.queue_training`; exploration gets what is
     left), "explore" (they explore the next prompts; training stays on the trainer) or "auto"
-    (each iteration, whichever the run's measurements value more, `exploration.placement`; with
-    LoRA off, or anything else that keeps training on the trainer, "explore").
+    (each iteration, whichever the run's measurements value more, `exploration.placement`). Null
+    (the default, from the evidence in docs/learning.md: spot training shortens every update,
+    exploration has cut no iterations on any task measured) trains wherever the run can, and
+    explores where it cannot (LoRA off, several inner epochs, a sharded trainer).
     """
 
     enabled: bool = False
@@ -332,11 +334,11 @@ class SpotConfig:
     gpu_type: str | None = None
     ondemand_usd_per_gpu_hour: float | None = None
     spot_usd_per_gpu_hour: float | None = None
-    training_phase: Literal["train", "explore", "auto"] = "auto"
+    training_phase: Literal["train", "explore", "auto"] | None = None
 
     def __post_init__(self) -> None:
-        _require(self.training_phase in TRAINING_PHASES, "spot.training_phase", self.training_phase,
-                 f"must be one of {list(TRAINING_PHASES)}")
+        _require(self.training_phase is None or self.training_phase in TRAINING_PHASES, "spot.training_phase",
+                 self.training_phase, f"must be null or one of {list(TRAINING_PHASES)}")
         _require(self.max_workers >= 1, "spot.max_workers", self.max_workers, "must be >= 1")
         _require(isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1, "spot.gpus_per_node",
                  self.gpus_per_node, "must be an integer >= 1")
@@ -442,7 +444,8 @@ class RunConfig:
                  self.spot.training_phase, f"cannot be 'train': {blocker}")
 
     def spot_trains(self) -> bool:
-        """Do spot workers pull training micro-batches in this run (`spot.training_phase`)?"""
+        """Do spot workers pull training micro-batches in this run (`spot.training_phase`; null:
+        wherever it can)?"""
         return self.spot.enabled and self.spot.training_phase != "explore" and spot_training_blocker(self) is None
 
     def _fill_geneval_metadata(self) -> None:
