@@ -251,3 +251,34 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
         torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)
     assert result["trained_samples"] == expected_metrics["trained_samples"]
     assert result["loss"] == pytest.approx(expected_metrics["loss"], rel=RTOL, abs=ATOL)
+
+
+def test_the_training_split_counts_spot_and_on_demand_micro_batches_and_the_time_spot_saved():
+    """The one split both hosts report (`runtime.queue_training.training_split`): spot work is
+    valued at the on-demand participants' measured rate (here 4/2 + 2/1 = 4 micro-batches/s)."""
+    from roll_spotlight.runtime.queue_training import training_split
+
+    by_worker = {"trainer": (4, 2.0), "actor_infer-0": (2, 1.0), "spot-z/a": (3, 9.0), "gen0/spot/sp0": (3, 1.0)}
+    split = training_split(by_worker, lambda worker: worker.startswith(("spot-", "gen")))
+    assert split == {"train/micro_batches_spot": 6.0, "train/micro_batches_ondemand": 6.0, "train/workers": 4.0,
+                     "train/spot_workers": 2.0, "train/spot_saved_s": 1.5}
+    assert training_split({"trainer": (8, 0.0)}, lambda worker: False)["train/spot_saved_s"] == 0.0
+
+
+def test_an_update_with_nothing_to_train_on_reports_no_queue_accounting(update):
+    """Every group zero-std: the trainer skips the step before any micro-batch exists, and the
+    queue runner's metrics are empty rather than the previous update's (or a KeyError)."""
+    from roll_spotlight.runtime.queue_training import QueueMicroBatches
+    from roll_spotlight.training.micro_batches import LocalMicroBatches
+
+    trainer, work = update
+    runner = QueueMicroBatches(queue=None, inbox=None)
+    runner.last = {"micro_batches": {"trainer": 3}, "seconds": {"trainer": 1.0}, "refused": 0, "wall_s": 1.0}
+    runner.begin(1, work.schedule)
+    flat = dataclasses.replace(work.batch, rewards=np.zeros(len(work.batch.rewards)))
+    trainer.micro_batches = runner
+    try:
+        assert trainer.step(flat)["skipped"] == 1.0
+    finally:
+        trainer.micro_batches = LocalMicroBatches()
+    assert runner.metrics() == {}

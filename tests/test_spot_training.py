@@ -381,3 +381,17 @@ def test_report_says_who_trained_the_micro_batches_and_what_the_reward_cannot_se
     assert "spot workers were 50.0% of the workers" in report and "Refused reports: 2" in report
     assert "every spot worker trains first" in report
     assert "| final | 0.5000 ± 0.0100 | 0.200 | 3.50 | 1.250 |" in report
+
+
+def test_the_pool_knows_the_queue_names_of_its_workers_and_of_their_sp_groups():
+    """Queue training's split counts a report as spot work when its name is a spot worker's or an
+    elastic SP group's (any generation, also one that has since been re-formed)."""
+    market = two_node_market()
+    ledger = CostLedger(training_prices(SpotConfig(), market.trace))
+    launcher = FakeLauncher()
+    launcher.regroups = [SimpleNamespace(formed=("gen0/spot/sp0",)), SimpleNamespace(formed=("gen1/spot/sp0",))]
+    pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger, SpotPoolConfig(bill_scale=10.0))
+    pool.poll(0.0)
+    spot = TrainingSpotPool(pool, ledger, lambda: 0.0, ondemand_gpus=2)
+    assert spot.is_spot("spot-z/a") and spot.is_spot("gen0/spot/sp0") and spot.is_spot("gen1/spot/sp0")
+    assert not spot.is_spot("trainer") and not spot.is_spot("actor_infer-0") and not spot.is_spot("gen2/spot/sp0")

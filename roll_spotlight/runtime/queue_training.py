@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from typing import Callable
 
 import ray
 
@@ -37,6 +38,7 @@ from roll_spotlight.training.micro_batches import GradientSum, TrainWork, combin
 log = logging.getLogger(__name__)
 TRAINER = "trainer"  # the trainer's name in the queue
 TRAIN_ONLY = (RequestKind.TRAIN,)
+BY_WORKER = "train/by_worker"  # the trainer's per-worker accounting, split by `training_split`
 
 
 class GradientInboxServer:
@@ -103,7 +105,7 @@ class QueueMicroBatches:
         self.last: dict = {}
 
     def begin(self, version: int, schedule: Schedule) -> None:
-        self.version, self.schedule = version, schedule
+        self.version, self.schedule, self.last = version, schedule, {}
 
     def run(self, trainer, batch, advantages, norm: int, plan) -> dict[str, float]:
         assert self.version is not None, "QueueMicroBatches.begin(version, schedule) before each update"
@@ -147,13 +149,16 @@ class QueueMicroBatches:
 
     def metrics(self) -> dict:
         """The last update's accounting as metrics: totals, and under ``train/by_worker`` the
-        micro-batches and compute seconds per worker (the driver splits them by kind of worker)."""
+        micro-batches and compute seconds per worker (the driver splits them by kind of worker).
+        Empty for an update with nothing to train on (every group zero-std: no micro-batches)."""
         last = self.last
+        if not last:
+            return {}
         counts = last["micro_batches"]
         return {"train/micro_batches": float(sum(counts.values())),
                 "train/micro_batches_trainer": float(counts.get(self.client.worker, 0)),
                 "train/reports_refused": float(last["refused"]), "train/queue_phase_s": last["wall_s"],
-                "train/by_worker": {w: (counts[w], last["seconds"][w]) for w in counts}}
+                BY_WORKER: {w: (counts[w], last["seconds"][w]) for w in counts}}
 
     def _inbox_refused(self) -> int:
         return ray.get(self.inbox.stats.remote()).get("reports_refused", 0)
@@ -165,6 +170,20 @@ class QueueMicroBatches:
             by_worker[s.worker] += len(s.indices)
             busy[s.worker] += s.seconds
         return {"micro_batches": dict(by_worker), "seconds": dict(busy), "refused": refused, "wall_s": seconds}
+
+
+def training_split(by_worker: dict[str, tuple[int, float]], is_spot: Callable[[str], bool]) -> dict[str, float]:
+    """Who computed an update's micro-batches (``by_worker``: name -> (micro-batches, compute
+    seconds), `QueueMicroBatches.metrics`), by kind of worker (``is_spot``: the spot pool's), and
+    the training time the spot workers saved, measured: their micro-batches at the on-demand
+    participants' measured rate (micro-batches per second). The metrics every host reports."""
+    spot = {w for w in by_worker if is_spot(w)}
+    mb = {kind: sum(n for w, (n, _) in by_worker.items() if (w in spot) == (kind == "spot")) for kind in ("spot", "od")}
+    od_rate = sum(n / s for w, (n, s) in by_worker.items() if w not in spot and s > 0)
+    saved = mb["spot"] / od_rate if od_rate > 0 else 0.0
+    return {"train/micro_batches_spot": float(mb["spot"]), "train/micro_batches_ondemand": float(mb["od"]),
+            "train/workers": float(len(by_worker)), "train/spot_workers": float(len(spot)),
+            "train/spot_saved_s": saved}
 
 
 def trained_parameters(policy, trained) -> dict:

@@ -329,28 +329,19 @@ class RayBackend:
         return not ready
 
     def finish_train(self, handle) -> dict:
+        from roll_spotlight.runtime.queue_training import BY_WORKER, training_split
+
         metrics = ray.get(handle)
         self.weight_version = ray.get(self.trainer.weight_version.remote())
-        if "train/by_worker" in metrics:
-            metrics = metrics | self._training_split(metrics.pop("train/by_worker"))
+        if BY_WORKER in metrics:  # queue training: who trained what
+            is_spot = self.spot.is_spot if self.spot is not None else lambda worker: False
+            metrics = metrics | training_split(metrics.pop(BY_WORKER), is_spot)
         if self.spot is not None:
             self.spot.poll()
             metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
             (n0, p0), (n1, p1) = self._market_at_train, self._market_counts()
             metrics |= {"spot/notices_in_training": float(n1 - n0), "spot/preemptions_in_training": float(p1 - p0)}
         return metrics
-
-    def _training_split(self, by_worker: dict) -> dict:
-        """Queue training: who computed the update's micro-batches (trainer, on-demand and spot
-        rollout workers), and the training time the spot workers saved, measured: their
-        micro-batches at the on-demand participants' measured rate (micro-batches per second)."""
-        spot = {w for w in by_worker if self.spot is not None and self.spot.pool.owns(w)}
-        mb = {kind: sum(by_worker[w][0] for w in by_worker if (w in spot) == (kind == "spot")) for kind in ("spot", "od")}
-        od_rate = sum(n / s for w, (n, s) in by_worker.items() if w not in spot and s > 0)
-        saved = mb["spot"] / od_rate if od_rate > 0 else 0.0
-        return {"train/micro_batches_spot": float(mb["spot"]), "train/micro_batches_ondemand": float(mb["od"]),
-                "train/workers": float(len(by_worker)), "train/spot_workers": float(len(spot)),
-                "train/spot_saved_s": saved}
 
     def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
         return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))

@@ -144,16 +144,31 @@ class TrainingSpotPool:
         self.completed_on_spot += self.pool.owns(completion.worker)
         self.outputs_resumed += completion.output.resumed_from > 0
 
+    def is_spot(self, worker: str) -> bool:
+        """Is ``worker``, a name in the queue, one of this pool's workers or elastic SP groups
+        (alive or gone)?"""
+        with self._lock:
+            return self.pool.owns(worker) or any(worker in r.formed for r in self._regroups())
+
+    def _regroups(self) -> list:
+        return getattr(self.pool.launcher, "regroups", [])
+
+    def _pullers(self) -> list[str]:
+        """The names the spot workers pull under now: each solo worker's, or each SP group's."""
+        groups = getattr(self.pool.launcher, "groups", None)
+        return sorted(groups.names.values() if groups is not None else self.pool.launcher.workers)
+
     def place(self, queue, share: float) -> int:
-        """Queue training (`spot.training_phase`): the first `share` of the live spot workers, by
-        name, pull exploration before training micro-batches, the others the default order
-        (training first). Returns how many explore first. Workers that join later train first."""
+        """Queue training (`spot.training_phase`): the first `share` of the live spot workers (SP
+        groups count as one), by name, pull exploration before training micro-batches, the others
+        the default order (training first). Returns how many explore first. Workers and groups
+        that form later train first."""
         import ray
 
         from roll_spotlight.dispatch.requests import RequestKind
 
         with self._lock:
-            names = sorted(self.pool.launcher.workers)
+            names = self._pullers()
         k = round(share * len(names))
         explore_first = (RequestKind.ROLLOUT, RequestKind.EXPLORE, RequestKind.TRAIN)
         ray.get([queue.set_order.remote(names[:k], explore_first), queue.set_order.remote(names[k:], None)])
@@ -180,7 +195,7 @@ class TrainingSpotPool:
             "spot/duplicate_completions": self.duplicate_completions,
             "spot/late_completions_rejected": queue.duplicate_completions,
         }
-        return counters | regroup_metrics(getattr(self.pool.launcher, "regroups", [])) \
+        return counters | regroup_metrics(self._regroups()) \
             | cost_metrics(self.cost(), self.bill_scale)
 
     def close(self) -> CostReport:
