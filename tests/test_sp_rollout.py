@@ -18,6 +18,7 @@ from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
 from roll_spotlight.dispatch.requests import Lease, Request
 from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
 from roll_spotlight.elastic.rendezvous import RendezvousHost
+from roll_spotlight.elastic.ulysses import is_ulysses_applied
 from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
 from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup, check_sp_degree, group_memberships
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
@@ -276,9 +277,10 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
 
 
 def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, int], no_notice: bool = False,
-               min_degree: int = 1):
+               min_degree: int = 1, inbox=None, hold_kind: str = "hold_at_step"):
     """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
-    to ``degree``; ``hold`` parks a node's workers after that step (node id -> step)."""
+    to ``degree``; ``hold`` parks a node's workers after that step (node id -> step; ``hold_kind``
+    "hold_at_micro_batch": after that many training rounds); ``inbox``: queue training."""
     from roll_spotlight.runtime.spot_pool import elastic_groups_config
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
     from roll_spotlight.spot import EventList, MarketConfig, SpotMarket, Trace
@@ -287,8 +289,9 @@ def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, in
     trace = Trace(name="nodes", kind="events", measures="running", provider="aws",
                   zones={"z": EventList(tuple(rows), 0.0, 200.0)}, gpu_type="V100")
     elastic = elastic_groups_config(cfg.model, degree, timeout_s=60.0, cuda=False, min_degree=min_degree)
-    launcher = RayWorkerLauncher(str(path), queue, store, gpus_per_node=2, elastic=elastic,
-                                 worker_kwargs=lambda node: {"hold_at_step": hold[node]} if node in hold else {})
+    launcher = RayWorkerLauncher(path if isinstance(path, dict) else str(path), queue, store, gpus_per_node=2,
+                                 elastic=elastic, inbox=inbox,
+                                 worker_kwargs=lambda node: {hold_kind: hold[node]} if node in hold else {})
     market = SpotMarket(trace, MarketConfig(notice_s=10.0))
     config = SpotPoolConfig(gpus_per_node=2, no_notice=no_notice)
     return launcher, ElasticSpotPool(MarketSchedule(market), launcher, config=config)
@@ -483,3 +486,175 @@ def test_an_elastic_group_losing_a_node_mid_rollout_goes_4_2_4_and_ends_bit_iden
     for worker in [first[m] for m in members[:2]] + list(newcomers.values()):
         ray.kill(worker, no_restart=True)
     host.close()
+
+
+# ------------------------------------------------------------------------------------------
+# training micro-batches: an SP group's ranks train data-parallel (runtime.queue_training)
+
+
+def _train_leases(work, holder: str = "g") -> list[Lease]:
+    """One lease per micro-batch of ``work``, in plan order."""
+    return [Lease(i, Request.from_spec(i, RequestSpec.train(mb, work.schedule, work.weight_version, work.iteration)),
+                  holder, float("inf"), None, 1) for i, mb in enumerate(work.micro_batches)]
+
+
+@pytest.mark.parametrize("notice_after_round", [None, 1])
+def test_a_group_trains_its_leases_data_parallel_and_the_leader_holds_the_group_sum(notice_after_round):
+    """Two ranks split five micro-batches in rounds (0|1, 2|3, 4|-) and the leader ends with one
+    sum equal to the one-trainer sum of the same micro-batches within the tolerance of
+    tests/test_queue_training.py; a notice to rank 1 after round 1 ends both ranks' sums there,
+    and the leader's sum covers exactly that round's two micro-batches."""
+    import copy
+
+    from roll_spotlight.runtime.queue_training import group_sum, trained_parameters
+    from roll_spotlight.training.grpo import GRPOLoss, trainable_parameters
+    from roll_spotlight.training.micro_batches import compute_sum
+    from tests.test_queue_training import ATOL, RTOL, lora_config, named_trained, trainer_and_work
+
+    cfg = lora_config()
+    trainer, work = trainer_and_work(cfg)
+    leases = _train_leases(work)[:5]
+    assert len(leases) == 5
+    policies = [copy.deepcopy(trainer.policy) for _ in range(2)]
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, f"train{notice_after_round}", 2, timeout_s=60)
+
+    def rank_main(rank: int):
+        policy = policies[rank]
+        group = SPRolloutGroup(policy, members[rank])
+        params = trained_parameters(policy, trainable_parameters(policy, cfg.train.trainable))
+        rounds = iter(range(1, 100))
+        notice = lambda: rank == 1 and notice_after_round is not None and next(rounds) == notice_after_round  # noqa: E731
+        out = group_sum(GRPOLoss(policy, cfg.train), params, work, leases, group, "g-0", notice)
+        group.close()
+        return out
+
+    (finished, total), (follower_finished, nothing) = _in_threads(2, rank_main)
+    expected = 5 if notice_after_round is None else 2
+    assert finished == follower_finished == expected and nothing is None
+    indices = tuple(lease.request.micro_batch.index for lease in leases[:expected])
+    assert total.worker == "g-0" and total.indices == indices
+    one = compute_sum(trainer.loss, named_trained(trainer), work, [work.micro_batches[i] for i in indices], "one")
+    assert set(total.grads) == set(one.grads) and len(one.grads) > 0
+    for name, grad in one.grads.items():
+        np.testing.assert_allclose(total.grads[name], grad, rtol=RTOL, atol=ATOL)
+    assert total.totals["loss"] == pytest.approx(one.totals["loss"], rel=RTOL, abs=ATOL)
+    assert all(not is_ulysses_applied(p.transformer) for p in policies), "the group left its policies unsharded"
+    host.close()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ray_cluster, tmp_path):
+    """A group of two RolloutWorker actors pulls TRAIN leases (dispatch.pull_batch=2, topped up to
+    two per rank): rank 1 parks after round 1 and gets a notice, so the leader reports that
+    round's two micro-batches as one sum and hands the other two back; a solo worker computes
+    everything else. The update equals the one-trainer update within the tolerance."""
+    from roll_spotlight.dispatch import QueueConfig
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.models import save_policy
+    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
+    from roll_spotlight.runtime.queue_training import QueueMicroBatches, create_inbox
+    from roll_spotlight.training.grpo import FlowGRPOTrainer
+    from roll_spotlight.weights import WeightStore
+    from tests.test_queue_training import ATOL, RTOL, _reference_step, lora_config, trainer_and_work
+
+    ray, _ = ray_cluster
+    cfg = lora_config()
+    _, work = trainer_and_work(cfg)
+    expected, _ = _reference_step(cfg, work)
+    policy = prepare_policy(random_policy(cfg), policy_setup(cfg))
+    save_policy(random_policy(cfg), tmp_path / "base.pt")
+    source = policy_source(cfg.model, str(tmp_path / "base.pt"), policy_setup(cfg))
+    queue = create_queue_actor(QueueConfig(pull_batch=2, lease_s=600.0))
+    inbox = create_inbox(queue)
+    store = WeightStore.create()
+    store.publish(0, policy.published_state())
+    host = RendezvousHost("127.0.0.1")
+    members = group_memberships(host.address, "gt#1", 2, timeout_s=60)
+    group = [RolloutWorker.options(resources={SPOT: 1}).remote(
+        f"g-{r}", source, queue, store, sp=members[r], group_name="g-0", inbox=inbox,
+        hold_at_micro_batch=1 if r == 1 else None) for r in range(2)]
+    serving = [w.serve.remote() for w in group]
+    trainer = FlowGRPOTrainer(policy, cfg.train)
+    runner = QueueMicroBatches(queue, inbox, pulls=False)
+    trainer.micro_batches = runner
+    runner.begin(0, work.schedule)
+    update = threading.Thread(target=trainer.step, args=(work.batch,))
+    update.start()
+    assert ray.get(group[1].wait_held.remote(120.0)), "the group never finished its first round"
+    group[1].notify_preemption.remote(30.0)
+    leader, follower = ray.get(serving, timeout=120)
+    solo = RolloutWorker.options(resources={ONDEMAND: 1}).remote("solo", source, queue, store, inbox=inbox)
+    solo_serving = solo.serve.remote()
+    update.join(timeout=300)
+    assert not update.is_alive(), "the update never finished"
+    solo.stop.remote()
+    ray.get(solo_serving, timeout=60)
+
+    m = len(work.micro_batches)
+    assert (leader["micro_batches"], leader["micro_batches_released"]) == (2, 2)
+    assert follower["micro_batches"] == 0, "the leader reports for the group"
+    follower_train = [e for e in ray.get(group[1].timeline.remote()) if e["phase"] == "train"]
+    assert [e["micro_batches"] for e in follower_train] == [2], "rank 1 took part in the group's round"
+    assert runner.last["micro_batches"] == {"g-0": 2, "solo": m - 2}
+    for name, tensor in policy.published_state().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)
+    for worker in [*group, solo]:
+        ray.kill(worker, no_restart=True)
+    host.close()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_lost(ray_cluster, tmp_path):
+    """SP 4 over two 2-GPU spot nodes trains an update (dispatch.pull_batch=2: eight leases, two
+    rounds); node a's workers park after round 1 and node b is killed without notice: the group
+    breaks, its eight leases go back to the queue and its partial sums die with it; a's survivors
+    re-form SP 2 and train every micro-batch. The update equals the one-trainer update."""
+    from roll_spotlight.dispatch import QueueConfig
+    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.models import save_policy
+    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.runtime.queue_training import QueueMicroBatches, create_inbox
+    from roll_spotlight.spot import NodeEvent
+    from roll_spotlight.training.grpo import FlowGRPOTrainer
+    from roll_spotlight.weights import WeightStore
+    from tests.test_queue_training import ATOL, RTOL, _reference_step, lora_config, trainer_and_work
+
+    ray, _ = ray_cluster
+    cfg = lora_config()
+    _, work = trainer_and_work(cfg)
+    expected, _ = _reference_step(cfg, work)
+    policy = prepare_policy(random_policy(cfg), policy_setup(cfg))
+    save_policy(random_policy(cfg), tmp_path / "base.pt")
+    source = policy_source(cfg.model, str(tmp_path / "base.pt"), policy_setup(cfg))
+    queue = create_queue_actor(QueueConfig(pull_batch=2, lease_s=600.0))
+    inbox = create_inbox(queue)
+    store = WeightStore.create()
+    store.publish(0, policy.published_state())
+    rows = (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"), NodeEvent(100.0, "remove", "b"))
+    launcher, pool = _spot_pool(cfg, source, queue, store, rows, degree=4, hold={"z/a": 1}, no_notice=True,
+                                inbox=inbox, hold_kind="hold_at_micro_batch")
+    pool.poll(0.0)
+    assert launcher.wait_ready(180) and _degrees(launcher) == [4]
+    trainer = FlowGRPOTrainer(policy, cfg.train)
+    runner = QueueMicroBatches(queue, inbox, pulls=False)
+    trainer.micro_batches = runner
+    runner.begin(0, work.schedule)
+    update = threading.Thread(target=trainer.step, args=(work.batch,))
+    update.start()
+    _held(ray, launcher, "z/a")  # the group of 4 finished round 1 of its eight leases
+    pool.poll(100.0)  # b is killed with no notice: the group breaks, a re-forms SP 2
+    assert pool.stats.leases_requeued == 8 and launcher.regroups[-1].broken
+    assert _degrees(launcher) == [2]
+    update.join(timeout=300)
+    assert not update.is_alive(), "the update never finished"
+    survivors = launcher.regroups[-1].formed
+    assert set(runner.last["micro_batches"]) == set(survivors)
+    assert sum(runner.last["micro_batches"].values()) == len(work.micro_batches)
+    assert ray.get(inbox.stats.remote()).get("reports_refused", 0) == 0
+    for name, tensor in policy.published_state().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)
+    pool.close(100.0)

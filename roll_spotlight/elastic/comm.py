@@ -26,6 +26,7 @@ __all__ = [
     "broadcast_object",
     "generation_prefix",
     "make_process_group",
+    "sum_to",
 ]
 
 
@@ -94,6 +95,18 @@ def broadcast_(tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> torc
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         group.broadcast([tensor], opts).wait()
+    return tensor
+
+
+def sum_to(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """In-place sum-reduce of a contiguous tensor onto group rank ``dst`` (the other ranks'
+    tensors are scratch afterwards)."""
+    assert tensor.is_contiguous(), "sum_to needs a contiguous tensor"
+    if group.size() > 1:
+        opts = dist.ReduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        opts.rootRank = dst
+        group.reduce([tensor], opts).wait()
     return tensor
 
 

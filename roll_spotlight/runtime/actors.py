@@ -301,31 +301,40 @@ class RolloutWorker:
         return leases
 
     def _pull_kinds(self):
-        """What this worker leases: its ``kinds``, less training micro-batches when it has no inbox
-        or serves in an SP group (a group rolls out one image on all its ranks; it does not train)."""
+        """What this worker leases: its ``kinds``, less training micro-batches when it has no inbox.
+        An SP group trains too: its ranks data-parallel (`runtime.queue_training.group_sum`)."""
         from roll_spotlight.dispatch.requests import RequestKind
 
-        if self.training is not None and self.sp is None:
+        if self.training is not None:
             return self.kinds
         return tuple(k for k in (self.kinds or RequestKind) if k is not RequestKind.TRAIN)
 
-    def _train_batch(self, leases: list) -> None:
-        """Compute a batch of TRAIN leases into one gradient sum and report it (queue training).
-        Between micro-batches a stop, notice or leave ends the sum: what finished is reported, the
-        rest handed back. A refused report (a lease revoked meanwhile) has the queue requeue it."""
+    def _group_lease(self, done: list) -> list:
+        """The leader's pull for its SP group: a TRAIN batch gets one pull's worth per rank."""
+        from roll_spotlight.runtime.queue_training import TRAIN_ONLY, group_batch
+
+        return group_batch(self._lease(done), self.sp.size, lambda n: self._queue_call("pull", n, kinds=TRAIN_ONLY))
+
+    def _train_batch(self, leases: list, group=None) -> None:
+        """Compute a batch of TRAIN leases into one gradient sum and report it (queue training;
+        in an SP group every rank computes its share and the leader reports the group's sum).
+        Between micro-batches (rounds, in a group) a stop, notice or leave ends the sum: what
+        finished is reported, the rest handed back. A refused report (a lease revoked meanwhile)
+        has the queue requeue it."""
         t0 = time.time()
         self._ensure_version(leases[0].request.weight_version)
-        ran, accepted = self.training.run(self.client.worker, leases, self._between_micro_batches)
-        self.counters["micro_batches" if accepted else "micro_batches_refused"] += ran
-        if ran < len(leases):
-            self.counters["micro_batches_released"] += self._queue_call("release")
+        ran, accepted = self.training.run(self.client.worker, leases, self._between_micro_batches, group)
+        if self.leader:
+            self.counters["micro_batches" if accepted else "micro_batches_refused"] += ran
+            if ran < len(leases):
+                self.counters["micro_batches_released"] += self._queue_call("release")
         self.events.append({"worker": self.name, "phase": "train", "start": t0, "end": time.time(),
                             "micro_batches": ran, "accepted": accepted})
 
     def _between_micro_batches(self) -> bool:
-        """Called after each micro-batch of a sum: keeps the batch's leases alive, honours a hold
-        (`hold_at_micro_batch`: parks after that many micro-batches of this worker's life), and
-        says whether the sum must end here."""
+        """Called after each micro-batch of a sum (each round, in an SP group): keeps the batch's
+        leases alive, honours a hold (`hold_at_micro_batch`: parks after that many micro-batches,
+        or rounds, of this worker's life), and says whether the sum must end here."""
         self._micro_run += 1
         if self._micro_run == self._hold_at_mb:
             self._held.set()
@@ -349,7 +358,7 @@ class RolloutWorker:
         from roll_spotlight.runtime.executor import Finished
 
         if leases[0].request.kind is RequestKind.TRAIN:  # a batch of TRAIN leases has no other kind
-            self._train_batch(leases)
+            self._train_batch(leases, group)
             return []
         done, started = [], 0
         for lease in leases:
@@ -398,7 +407,7 @@ class RolloutWorker:
         done, idle = [], 0.002
         try:
             while not group.any(self._ending()):
-                leases = group.lead(lambda: self._lease(done))  # the batch, on every rank
+                leases = group.lead(lambda: self._group_lease(done))  # the batch, on every rank
                 done = []
                 if not leases:
                     if group.leader:  # the others wait in the next collective

@@ -21,6 +21,12 @@ update equals the one-trainer update up to float summation order.
 
 The inbox is a separate actor (not the trainer, which is busy computing micro-batches, nor the
 queue, which journals what it is sent) and owns each update's work while it is open.
+
+An SP group of workers is one puller with one report (`group_sum`): its leader pulls a batch per
+rank, the ranks compute in rounds (lease i on rank i % size, a collective stop check after each
+round), the ranks' sums are sum-reduced onto the leader, which reports the finished leases and
+releases the rest. A member killed without notice breaks the group; the regroup requeues its
+leases (`elastic.groups`), and the partial sums die with it.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from collections import Counter
 from typing import Callable
 
 import ray
+import torch
 
 from roll_spotlight.dispatch.actor import QueueClient
 from roll_spotlight.dispatch.requests import RequestKind, RequestResult, RequestSpec, Schedule
@@ -194,7 +201,10 @@ def trained_parameters(policy, trained) -> dict:
 
 class WorkerTraining:
     """A rollout worker's side of queue training: run TRAIN leases of one update into one sum and
-    report it to the inbox. The worker holds the update's weight version before calling `run`."""
+    report it to the inbox. The worker holds the update's weight version before calling `run`.
+
+    An SP group's ranks train data-parallel (`group_sum`): every rank calls `run` with the same
+    leases (its leader's pull, `group_batch`), and the leader reports one sum for the group."""
 
     def __init__(self, policy, inbox) -> None:
         self.policy, self.inbox = policy, inbox
@@ -207,21 +217,100 @@ class WorkerTraining:
             self._work = ray.get(self.inbox.work.remote(version))
         return self._work
 
-    def run(self, worker: str, leases: list, should_stop) -> tuple[int, bool]:
+    def run(self, worker: str, leases: list, should_stop, group=None) -> tuple[int, bool]:
         """Compute `leases` (in order, asking `should_stop()` between micro-batches) and report the
-        sum as `worker`; returns (leases run, accepted). An update already closed runs nothing."""
-        from roll_spotlight.training.grpo import GRPOLoss, trainable_parameters
-
+        sum as `worker`; returns (leases run, accepted). An update already closed runs nothing.
+        With `group` (a `runtime.sp_group.SPRolloutGroup`) the group computes them together and
+        only its leader reports (the others return (leases run, False))."""
         version = leases[0].request.weight_version
         assert all(lease.request.weight_version == version for lease in leases), "one update per batch"
         work = self.work(version)
-        if work is None:
+        if work is None if group is None else group.any(work is None):
             return 0, False
+        self._prepare(work)
+        if group is None:
+            gradient = compute_sum(self._loss, self._params, work, [lease.request.micro_batch for lease in leases],
+                                   worker, should_stop=should_stop)
+            ran = len(gradient.indices)
+        else:
+            ran, gradient = group_sum(self._loss, self._params, work, leases, group, worker, should_stop)
+        if gradient is None:  # a follower: its part is in the leader's sum
+            return ran, False
+        results = [lease.result(None) for lease in leases[:ran]]
+        return ran, bool(ray.get(self.inbox.report.remote(worker, version, results, gradient)))
+
+    def _prepare(self, work: TrainWork) -> None:
+        from roll_spotlight.training.grpo import GRPOLoss, trainable_parameters
+
         if self._loss is None or self._loss.cfg != work.cfg:
             self._loss = GRPOLoss(self.policy, work.cfg)
             self._params = trained_parameters(self.policy, trainable_parameters(self.policy, work.cfg.trainable))
-        gradient = compute_sum(self._loss, self._params, work, [lease.request.micro_batch for lease in leases],
-                               worker, should_stop=should_stop)
-        ran = leases[:len(gradient.indices)]
-        results = [lease.result(None) for lease in ran]
-        return len(ran), bool(ray.get(self.inbox.report.remote(worker, version, results, gradient)))
+
+
+def group_batch(leases: list, degree: int, pull: Callable[[int], list]) -> list:
+    """An SP group leader's batch: a TRAIN pull is topped up with `pull(n)` (TRAIN only) to one
+    pull's worth per rank, since the ranks train data-parallel; other kinds stay as pulled."""
+    if degree == 1 or not leases or leases[0].request.kind is not RequestKind.TRAIN:
+        return leases
+    return leases + pull((degree - 1) * len(leases))
+
+
+def group_sum(loss, params: dict, work: TrainWork, leases: list, group, worker: str,
+              should_stop: Callable[[], bool]) -> tuple[int, GradientSum | None]:
+    """An SP group's sum over `leases`, data-parallel (what `sim.training` models): lease i runs on
+    rank i % degree in round i // degree, each rank into its own `compute_sum`; after every round
+    the ranks' `should_stop()` are combined (any), so a notice to any member ends the sum after
+    the round in hand on every rank. The ranks' sums are then sum-reduced onto the leader.
+    Returns how many leases finished (always a prefix: `leases[:n]`) and, on the leader, one
+    GradientSum covering exactly those (None on the other ranks). A member that dies makes the
+    others' collectives raise: the group breaks and the regroup requeues its leases."""
+    degree, rank = group.size, group.rank
+    rounds = -(-len(leases) // degree)
+    mine = [leases[i].request.micro_batch if (i := k * degree + rank) < len(leases) else None for k in range(rounds)]
+    done = 0
+
+    def stop() -> bool:
+        nonlocal done
+        done += 1
+        return group.any(should_stop())
+
+    start = time.perf_counter()
+    with group.data_parallel():
+        own = compute_sum(loss, params, work, mine, worker, should_stop=stop)
+    finished = min(len(leases), done * degree)
+    reduced = reduce_to_leader(own, params, group)
+    if reduced is None:
+        return finished, None
+    packed, totals = reduced
+    indices = tuple(lease.request.micro_batch.index for lease in leases[:finished])
+    return finished, GradientSum(worker, indices, packed.arrays, totals, time.perf_counter() - start, packed.dtypes)
+
+
+def reduce_to_leader(own: GradientSum, params: dict, group):
+    """Every rank's `own` sum added onto the group's leader (two sum-reduces: the gradients as
+    one float32 buffer, then which parameters have one and the loss totals in float64): on the
+    leader (packed gradients, loss totals), None elsewhere. A parameter no rank has a gradient
+    for stays absent (the optimiser skips it, as it would a None `.grad`)."""
+    from roll_spotlight.elastic.comm import sum_to
+    from roll_spotlight.training.micro_batches import LOSS_TOTALS
+    from roll_spotlight.weights.codec import numpy_to_state_dict, state_dict_to_numpy
+    from roll_spotlight.weights.packed import NumpyStateDict
+
+    names, device = sorted(params), group.device
+    grads = numpy_to_state_dict(NumpyStateDict(own.grads, own.kinds))
+    flat = torch.cat([grads[n].to(device, torch.float32).reshape(-1) if n in grads
+                      else torch.zeros(params[n].numel(), dtype=torch.float32, device=device) for n in names])
+    meta = torch.tensor([float(n in grads) for n in names] + [own.totals[k] for k in LOSS_TOTALS],
+                        dtype=torch.float64, device=device)
+    sum_to(flat, 0, group.group)
+    sum_to(meta, 0, group.group)
+    if not group.leader:
+        return None
+    present = meta[:len(names)].tolist()
+    out, offset = {}, 0
+    for name, has in zip(names, present):
+        p = params[name]
+        if has:
+            out[name] = flat[offset:offset + p.numel()].view(p.shape).to(p.dtype)
+        offset += p.numel()
+    return state_dict_to_numpy(out), dict(zip(LOSS_TOTALS, meta[len(names):].tolist()))

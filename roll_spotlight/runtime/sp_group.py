@@ -22,15 +22,22 @@ trajectory equals the single-worker one; measured bit for bit on CPU at degrees 
 (`benchmarks/sp_rollout.py`), and the tests allow 1e-5 (fp32) because GPU kernels may pick other
 reduction orders for other shapes.
 
+Training micro-batches (queue training, `runtime.queue_training.group_sum`): a TRAIN batch is not
+one image, so the ranks train data-parallel instead, with Ulysses off for the batch
+(`data_parallel`): the leader pulls one batch per rank and shares it, rank r computes leases r,
+r+size, ... in rounds with a stop decision (all-reduce MAX) after each, and the ranks' gradient
+sums are sum-reduced onto the leader, which reports one sum for the leases that finished.
+
 Failure without notice: a member that dies blocks the others in the group's next collective until
 ``timeout_s``; they then raise, and the leader's lease goes back to the queue when it expires.
 """
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
     from roll_spotlight.elastic.rendezvous import Rendezvous, RendezvousHost
@@ -166,6 +173,18 @@ class SPRolloutGroup:
         from roll_spotlight.elastic.comm import broadcast_object
 
         return broadcast_object(pull() if self.leader else None, 0, self.group, self.device)
+
+    @contextmanager
+    def data_parallel(self) -> Iterator[None]:
+        """The policy unsharded for the block: the ranks train data-parallel, each on its own
+        micro-batches (Ulysses shards one image, and its collectives carry no autograd)."""
+        from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
+
+        remove_ulysses(self.policy.transformer)
+        try:
+            yield
+        finally:
+            apply_ulysses(self.policy.transformer, self.group)
 
     def close(self) -> None:
         """Leave: the policy runs unsharded again (the process group is dropped with this object)."""

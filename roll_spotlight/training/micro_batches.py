@@ -74,12 +74,15 @@ class GradientSum:
         return min(self.indices)
 
 
-def compute_sum(loss, params: dict[str, torch.nn.Parameter], work: TrainWork, micro_batches: Sequence[MicroBatch],
-                worker: str, *, should_stop: Callable[[], bool] = lambda: False) -> GradientSum:
+def compute_sum(loss, params: dict[str, torch.nn.Parameter], work: TrainWork,
+                micro_batches: Sequence[MicroBatch | None], worker: str, *,
+                should_stop: Callable[[], bool] = lambda: False) -> GradientSum:
     """Run `micro_batches` of `work` (in order) on `loss` (a `grpo.GRPOLoss` at the work's weight
-    version) and return their sum; `should_stop()` is called after each micro-batch, and a True
-    ends the sum there (a notice: what finished is reported, the rest handed back). The
-    parameters' `.grad` are scratch space: zeroed before and after."""
+    version) and return their sum; `should_stop()` is called after each entry, and a True ends
+    the sum there (a notice: what finished is reported, the rest handed back). A None entry is a
+    round this worker sits out (an SP group's ranks compute in rounds, `runtime.queue_training`):
+    nothing is computed but `should_stop()` is still called, so every rank asks equally often.
+    The parameters' `.grad` are scratch space: zeroed before and after."""
     from roll_spotlight.weights.codec import state_dict_to_numpy
 
     start = time.perf_counter()
@@ -89,9 +92,10 @@ def compute_sum(loss, params: dict[str, torch.nn.Parameter], work: TrainWork, mi
     done: list[int] = []
     loss.policy.train()
     for i, mb in enumerate(micro_batches):
-        for name, value in loss.backward(work.batch, work.advantages, work.norm, mb).items():
-            totals[name] += value
-        done.append(mb.index)
+        if mb is not None:
+            for name, value in loss.backward(work.batch, work.advantages, work.norm, mb).items():
+                totals[name] += value
+            done.append(mb.index)
         if should_stop() and i + 1 < len(micro_batches):
             break
     grads = {name: p.grad.detach() for name, p in params.items() if p.grad is not None}
