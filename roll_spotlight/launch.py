@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cfg.source}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
         if summary := cfg.elastic.rollout_summary():
             print(summary)
+        if fallback := cfg.spot_training_summary():
+            print(f"warning: {fallback}")
         return 0
     return launch(cfg)
 

@@ -284,3 +284,55 @@ def test_readme_docs_and_ci_install_the_package_with_one_line():
     assert all(len(lines) == 1 for lines in found.values()), found
     assert len(set.union(*found.values())) == 1, found
     assert "test" in next(iter(found["docs/roll.md"])).split(",")  # the roll tier's imports (hypothesis, scipy)
+
+
+# spot training (spot.training_phase) under ROLL: one actor_train rank adds every gradient sum
+
+SPOT_LORA = {"spot": {"enabled": True}, "train": {"use_lora": True}}
+
+
+def _tiny_recipe(**change):
+    data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
+    for key, value in change.items():
+        data[key] = (data.get(key) or {}) | value
+    return data
+
+
+@pytest.mark.parametrize("phase, trains", [("train", True), ("auto", True), ("explore", False)])
+def test_the_spot_section_takes_training_phase_and_one_trainer_rank_trains_through_the_queue(phase, trains):
+    data = _tiny_recipe(**SPOT_LORA | {"spot": {"enabled": True, "training_phase": phase}})
+    _, run_cfg = validate_recipe(data, source="tiny_shapes_roll.yaml")
+    assert run_cfg.spot.training_phase == phase and run_cfg.spot_trains() is trains
+
+
+def test_spot_training_asked_for_with_several_trainer_ranks_fails_naming_both_keys():
+    data = _tiny_recipe(**SPOT_LORA | {"spot": {"enabled": True, "training_phase": "train"},
+                                       "actor_train": {"world_size": 2}})
+    with pytest.raises(ConfigError) as err:
+        validate_recipe(data, source="tiny_shapes_roll.yaml")
+    assert "spot.training_phase=train needs actor_train.world_size=1, got 2" in str(err.value)
+    assert "tiny_shapes_roll.yaml" in str(err.value)
+
+
+def test_auto_with_several_trainer_ranks_explores_and_says_why():
+    from roll_spotlight.roll.sections import one_rank_spot_training, parse_sections, run_config
+
+    data = _tiny_recipe(**SPOT_LORA | {"actor_train": {"device_mapping": [0, 1]}})
+    _, run_cfg = validate_recipe(data)
+    assert run_cfg.spot.training_phase == "explore" and not run_cfg.spot_trains()
+    one_rank = run_config(data, parse_sections(data))
+    assert one_rank.spot_trains()
+    kept, why = one_rank_spot_training(one_rank, 1)
+    assert kept is one_rank and why is None
+    _, why = one_rank_spot_training(one_rank, 2)
+    assert "actor_train.world_size=2" in why and "explore" in why
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"spot": {"enabled": True, "training_phase": "sometimes"}}, "spot.training_phase"),
+    ({"spot": {"enabled": True, "training_phase": "train"}}, "train.lora is off"),
+])
+def test_bad_spot_training_in_a_recipe_fails_naming_the_key(change, fragment):
+    with pytest.raises(ConfigError) as err:
+        validate_recipe(_tiny_recipe(**change), source="tiny_shapes_roll.yaml")
+    assert fragment in str(err.value) and "spot.training_phase" in str(err.value)

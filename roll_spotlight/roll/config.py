@@ -42,6 +42,7 @@ from roll_spotlight.roll.sections import (
     SECTION_KEYS,
     SpotlightSections,
     check_recipe_keys,
+    one_rank_spot_training,
     parse_sections,
     recipe_key,
     run_config,
@@ -147,8 +148,21 @@ class SpotlightConfig(BaseConfig):
         return SpotlightSections(**{name: getattr(self, name) for name in SECTION_KEYS})
 
     def to_run_config(self) -> RunConfig:
-        """Our single-process RunConfig with the same run keys and DiT sections."""
-        return run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections)
+        """Our single-process RunConfig with the same run keys and DiT sections (and the spot
+        training phase this trainer's ranks allow: `sections.one_rank_spot_training`)."""
+        return run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections, self._trainer_ranks)
+
+    def spot_training_summary(self) -> str | None:
+        """Why spot workers will not train although ``spot.training_phase: auto`` would let them
+        (None when they do, or were not asked to), logged at start-up."""
+        cfg = run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections)
+        return one_rank_spot_training(cfg, self._trainer_ranks)[1]
+
+    @property
+    def _trainer_ranks(self) -> int:
+        """actor_train's ranks (a bad value is reported by `_prepare_role`, naming the key)."""
+        ranks = self.actor_train.world_size
+        return ranks if isinstance(ranks, int) and ranks >= 1 else 1
 
     @property
     def components(self) -> dict[str, Any]:

@@ -51,6 +51,8 @@ class SpotlightPipeline(BasePipeline):
         plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
         if summary := cfg.elastic.rollout_summary():
             logger.info(summary)
+        if fallback := cfg.spot_training_summary():
+            logger.warning(fallback)
         cfg.num_gpus_per_node, cfg.num_nodes = self.plan_resources(cfg)
         super().__init__(cfg)
         self.run_config = cfg.to_run_config()

@@ -274,8 +274,9 @@ def recipe_key(run_key: str) -> str:
     return run_key
 
 
-def run_config(top: Mapping[str, Any], sections: SpotlightSections) -> RunConfig:
-    """Our RunConfig from ROLL-style top-level values and the parsed sections.
+def run_config(top: Mapping[str, Any], sections: SpotlightSections, trainer_ranks: int = 1) -> RunConfig:
+    """Our RunConfig from ROLL-style top-level values and the parsed sections, with the spot
+    training phase a trainer of ``trainer_ranks`` ranks can run (`one_rank_spot_training`).
 
     ROLL trackers other than tensorboard (stdout, wandb, swanlab) are ROLL's to write; our own
     metrics file is then jsonl, so every run has a machine-readable curve in its run directory.
@@ -283,9 +284,28 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections) -> RunConfig
     values = {key: top[key] for key in RUN_KEYS if key in top}
     if "track_with" in values:
         values["track_with"] = ROLL_TRACKERS_WE_MIRROR.get(values["track_with"], "jsonl")
-    return RunConfig(**values, model=sections.model, pretrain=sections.base_pretrain, task=sections.task,
-                     reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
-                     exploration=sections.exploration, spot=sections.spot.run_config())
+    cfg = RunConfig(**values, model=sections.model, pretrain=sections.base_pretrain, task=sections.task,
+                    reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
+                    exploration=sections.exploration, spot=sections.spot.run_config())
+    return one_rank_spot_training(cfg, trainer_ranks)[0]
+
+
+def one_rank_spot_training(cfg: RunConfig, trainer_ranks: int) -> tuple[RunConfig, str | None]:
+    """Spot training runs through one trainer rank (`runtime.queue_training`: the rank owns the
+    optimiser and adds every sum; the other workers pull micro-batches), so with more
+    ``actor_train`` ranks ``spot.training_phase: train`` is an error naming both keys and
+    ``auto`` becomes ``explore``. Returns the config in force and, when ``auto`` fell back,
+    why (logged at start-up)."""
+    if trainer_ranks == 1 or not cfg.spot_trains():
+        return cfg, None
+    if cfg.spot.training_phase == "train":
+        raise ValueError(f"spot.training_phase=train needs actor_train.world_size=1, got {trainer_ranks} ranks: "
+                         "spot workers' gradient sums are added by one trainer rank; use one actor_train rank "
+                         "(device_mapping) or spot.training_phase: explore")
+    reason = (f"spot.training_phase=auto: spot workers explore during training and do not train, because "
+              f"actor_train.world_size={trainer_ranks} (spot training adds the workers' gradient sums on one "
+              f"trainer rank; set actor_train.world_size: 1 to let them train)")
+    return dataclasses.replace(cfg, spot=dataclasses.replace(cfg.spot, training_phase="explore")), reason
 
 
 def validate_recipe(data: Mapping[str, Any], *, source: str | None = None) -> tuple[SpotlightSections, RunConfig]:
@@ -297,7 +317,17 @@ def validate_recipe(data: Mapping[str, Any], *, source: str | None = None) -> tu
         if not isinstance(data.get(role), Mapping):
             raise ConfigError(f"role '{role}' is missing{where}; a Spotlight recipe defines {list(ROLE_NAMES)}")
     try:
-        cfg = run_config(data, sections)
+        cfg = run_config(data, sections, recipe_trainer_ranks(data))
     except ValueError as exc:
         raise ConfigError(f"{exc}{where}") from exc
     return sections, cfg
+
+
+def recipe_trainer_ranks(data: Mapping[str, Any]) -> int:
+    """``actor_train``'s ranks as a recipe gives them without ROLL: ``world_size``, or the length of
+    a ``device_mapping`` list (a string such as ``list(range(0,4))`` is ROLL's to evaluate: 1 here,
+    and `SpotlightConfig` checks the real count)."""
+    role = data.get("actor_train") if isinstance(data.get("actor_train"), Mapping) else {}
+    if isinstance(role.get("device_mapping"), list):
+        return len(role["device_mapping"]) // role.get("num_gpus_per_worker", 1)
+    return role["world_size"] if isinstance(role.get("world_size"), int) else 1
