@@ -162,6 +162,7 @@ def local_ray():
 
 def _spot_pipeline_cls():
     """SpotlightPipeline whose pool replays a market of one spot node that joins at once and stays."""
+    from roll_spotlight.models.source import policy_setup, policy_source
     from roll_spotlight.roll import SpotlightPipeline
     from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool, training_market
     from roll_spotlight.spot import EventList, NodeEvent, Trace
@@ -173,10 +174,11 @@ def _spot_pipeline_cls():
         def make_spot_pool(self, queue):
             self._check_spot(self.pipeline_config)
             spot, elastic = self.pipeline_config.spot.run_config(), self.pipeline_config.elastic
-            return start_training_pool(spot, self.base_path, queue, self.store, ondemand_gpus=3,
-                                       market=training_market(spot, trace),
+            source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
+            return start_training_pool(spot, source, queue, self.store, ondemand_gpus=3,
+                                       market=training_market(spot, trace), inbox=self.inbox,
                                        elastic=spot_elastic(self.run_config.model, elastic.sp_degree,
-                                                            elastic.group_timeout_s, self.base_path))
+                                                            elastic.group_timeout_s, source))
 
     return OneSpotNode
 
@@ -235,3 +237,93 @@ def test_static_shares_go_to_sp_groups_and_train_like_the_reference(workdir, loc
 
     _run_like_the_reference(workdir, "static_sp2", SpotlightPipeline, "dispatch.mode=static", "spot.enabled=false",
                             "exploration.mode=off", "elastic.sp_degree=2")
+
+
+# queue training (spot.training_phase): the update's micro-batches pulled by the actor_train rank,
+# the actor_infer ranks and the spot workers; the tolerance is tests/test_queue_training.py's
+# (3 prompts: iteration 1 of the tiny base has 2 groups with a reward spread, iteration 2 has 3)
+SPOT_TRAINING = ("rollout_batch_size=3", "++train.use_lora=true", "++train.lora.rank=4", "++train.lora.alpha=8.0",
+                 "++train.micro_batch_size=1", "dispatch.mode=pull", "spot.enabled=true", "++spot.training_phase=train",
+                 "exploration.mode=off")
+
+
+def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
+    """The first update as the in-process trainer makes it (`TrainerCore`, every micro-batch
+    here) from the adapters `before`, on iteration 1's rollouts and rewards: the adapters after."""
+    import numpy as np
+
+    from roll_spotlight.dispatch.requests import Lease, Request
+    from roll_spotlight.models import load_tiny_policy
+    from roll_spotlight.models.source import policy_setup, prepare_policy
+    from roll_spotlight.rewards.configured import configured_reward
+    from roll_spotlight.runtime.coordinator import iteration_specs
+    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.runtime.trainer_core import TrainerCore
+    from roll_spotlight.training.tasks import train_pool
+
+    policy = prepare_policy(load_tiny_policy(base_path)[0], policy_setup(run_cfg))
+    policy.load_published_state(before)
+    specs = iteration_specs(run_cfg, train_pool(run_cfg.task), 1, 0)
+    executor = RolloutExecutor(policy)
+    outputs = [executor.run(Lease(i, Request.from_spec(i, s), "in-process", float("inf"), None, 1)).output
+               for i, s in enumerate(specs)]
+    prompts = [s.prompt for s in specs]
+    rewards = configured_reward(run_cfg.reward)(np.stack([o.image for o in outputs]), prompts).rewards
+    g = run_cfg.train.group_size
+    core = TrainerCore(run_cfg, policy)
+    core.train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), np.asarray(rewards, dtype=np.float64))
+    return policy.published_state()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("sp", [1, 2])
+def test_spot_workers_and_actor_infer_ranks_train_micro_batches_and_the_update_equals_in_process(workdir, local_ray,
+                                                                                                  sp):
+    """LoRA with spot.training_phase=train: each update's micro-batches go through the queue and
+    the spot workers and the actor_infer ranks compute some (over two updates of 16 and 24
+    micro-batches), nothing is refused or lost, and the first update equals the in-process update
+    of the same batch from the same adapters within rtol 1e-5, atol 1e-7. At SP 2 the two
+    actor_infer ranks and the spot node's two workers are one SP group each, training
+    data-parallel."""
+    import torch
+
+    from tests.test_queue_training import ATOL, RTOL
+
+    sp_groups = ("elastic.sp_degree=2", "spot.gpus_per_node=2") if sp == 2 else ()
+    cfg = _tiny_config(workdir, f"exp_name=spot_train_sp{sp}", *SPOT_TRAINING, *sp_groups)
+    run_cfg = cfg.to_run_config()
+    assert run_cfg.spot_trains()
+    pipeline = _spot_pipeline_cls()(cfg)
+    assert pipeline.inbox is not None and pipeline.actor_infer.world_size == 2
+    before = pipeline.store.fetch(0, copy=True)  # the trainer's adapters (version 0; the store keeps two)
+    pipeline.run()
+    after = pipeline.store.fetch(1, copy=True)
+    rows = _rows(pipeline.run_dir / "metrics.jsonl")[1:]
+    assert [r["weight_version"] for r in rows] == [1, 2]
+    assert [r["train/micro_batches"] for r in rows] == [16, 24]  # kept samples x 2 trained steps
+
+    def total(key: str) -> float:
+        return sum(r[key] for r in rows)
+
+    assert total("train/micro_batches") == total("train/micro_batches_spot") + total("train/micro_batches_ondemand")
+    assert total("train/micro_batches_spot") > 0, "the spot worker trained micro-batches"
+    assert total("train/micro_batches_ondemand") - total("train/micro_batches_trainer") > 0, \
+        "the actor_infer ranks trained micro-batches"
+    assert total("train/reports_refused") == 0 and rows[-1]["spot/requests_failed"] == 0
+    assert max(r["train/spot_workers"] for r in rows) == 1  # one spot worker, or one SP group of two
+    expected = _in_process_update(run_cfg, pipeline.base_path, before)
+    assert set(after) == set(expected)
+    assert any(not torch.equal(after[n], before[n]) for n in after), "the update changed the adapters"
+    for name, tensor in expected.items():
+        torch.testing.assert_close(after[name], tensor, rtol=RTOL, atol=ATOL)
+
+
+def test_spot_training_asked_for_with_two_trainer_ranks_fails_at_parse_time_naming_the_keys(workdir):
+    from roll_spotlight.config.strict import ConfigError
+
+    with pytest.raises(ConfigError, match=r"spot.training_phase=train needs actor_train.world_size=1, got 2"):
+        _tiny_config(workdir, *SPOT_TRAINING, "actor_train.world_size=2")
+    cfg = _tiny_config(workdir, *[o for o in SPOT_TRAINING if "training_phase" not in o], "actor_train.world_size=2")
+    assert cfg.to_run_config().spot.training_phase == "explore"  # auto: the spot workers explore
+    assert "actor_train.world_size=2" in cfg.spot_training_summary()

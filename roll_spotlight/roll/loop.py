@@ -15,6 +15,10 @@ validation. This module supplies its backend for ROLL, `RollClusterBackend`:
 
 The trainer's update runs without blocking the driver, so stale exploration (the prompts of t+1
 explored with the weights of t) proceeds while it trains, through the same dispatch.
+With queue training (``spot.training_phase``, `runtime.queue_training`) the trainer rank submits
+the update's micro-batches to the same queue; while the driver waits for the update it ticks the
+dispatch, which keeps the actor_infer ranks draining (they compute micro-batches too), and the
+update's metrics say who trained what (`training_split`, as the Ray backend's).
 `drive` is the single switch point between the pipeline and the loop.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 import ray
 
 logger = logging.getLogger(__name__)
+POLL_S = 0.02  # how often the driver ticks while it waits for an update
 
 
 def drive(pipeline):
@@ -59,6 +64,7 @@ class RolloutDispatch(Protocol):
     def run(self, specs: list) -> list: ...  # RolloutOutput in the order of specs
     def tick(self) -> None: ...  # called while the driver waits (spot pool events)
     def place_spot(self, share: float) -> int: ...  # queue training: spot workers exploring first
+    def is_spot(self, worker: str) -> bool: ...  # queue training: a name in the queue, a spot worker's?
     def metrics(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -83,6 +89,9 @@ class StaticDispatch:
     def place_spot(self, share: float) -> int:
         return 0
 
+    def is_spot(self, worker: str) -> bool:
+        return False
+
     def metrics(self) -> dict:
         return {}
 
@@ -94,42 +103,45 @@ class PullDispatch:
     """Requests go to the run's queue actor; on-demand rollout ranks drain it, spot workers pull.
 
     A drain returns when the queue has nothing pending, but requests leased to spot workers may
-    come back (a preemption commits or requeues them), so drains are restarted while requests are
-    pending. Results are collected in request-id order, so the outputs do not depend on who ran them.
+    come back (a preemption commits or requeues them), and with queue training the trainer rank
+    submits an update's micro-batches while the driver waits for it: so every `tick` (the driver
+    ticks while it collects requests and while an update trains) restarts the ranks' drains once
+    they all returned and requests are pending. Results are collected in request-id order, so the
+    outputs do not depend on who ran them.
     """
 
     def __init__(self, rollout, queue, spot=None, poll_s: float = 0.02) -> None:
         self.rollout, self.queue, self.spot, self.poll_s = rollout, queue, spot, poll_s
+        self._drains: list = []  # the rollout ranks' drain() calls in flight
 
     def run(self, specs: list) -> list:
         from roll_spotlight.runtime.collect import collect
 
-        drains: list = []
-
-        def tick() -> None:
-            nonlocal drains
-            self.tick()
-            drains = self._keep_draining(drains)
-
-        completions = collect(self.queue, specs, tick=tick, poll_s=self.poll_s,
+        completions = collect(self.queue, specs, tick=self.tick, poll_s=self.poll_s,
                               on_completion=self.spot.record if self.spot is not None else lambda completion: None)
-        ray.get(drains)
         return [c.output for c in completions]
 
-    def _keep_draining(self, drains: list) -> list:
+    def _keep_draining(self) -> None:
         """Restart the rollout ranks' drains once they all returned and requests are pending again."""
+        drains = self._drains
         if drains and len(ray.wait(drains, num_returns=len(drains), timeout=0)[0]) < len(drains):
-            return drains
+            return
+        self._drains = []
         ray.get(drains)  # surfaces a rank's error
         failed = ray.get(self.queue.failed.remote())
         if failed:
             raise RuntimeError(f"{len(failed)} request(s) failed for good (dispatch.max_attempts): {failed[0]}")
         pending, _ = ray.get(self.queue.counts.remote())
-        return self.rollout.drain(self.queue, blocking=False) if pending else []
+        if pending:
+            self._drains = self.rollout.drain(self.queue, blocking=False)
 
     def tick(self) -> None:
         if self.spot is not None:
             self.spot.poll()
+        self._keep_draining()
+
+    def is_spot(self, worker: str) -> bool:
+        return self.spot is not None and self.spot.is_spot(worker)
 
     def place_spot(self, share: float) -> int:
         return 0 if self.spot is None else self.spot.place(self.queue, share)
@@ -141,6 +153,7 @@ class PullDispatch:
         return self.spot.metrics(ray.get(self.queue.stats.remote()))
 
     def close(self) -> None:
+        ray.get(self._drains)  # they end once nothing is pending
         if self.spot is not None:
             cost = self.spot.close()
             logger.info("spot pool closed: %s; cost %.4f USD vs %.4f USD all on demand",
@@ -207,9 +220,17 @@ class RollClusterBackend:
         return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)
 
     def finish_train(self, handle) -> dict:
+        """Wait for the update, ticking the dispatch (with queue training the actor_infer ranks'
+        drains compute micro-batches meanwhile), then its metrics with who trained what."""
+        from roll_spotlight.runtime.queue_training import BY_WORKER, training_split
+
         refs, t0 = handle
+        while self.training(handle):
+            time.sleep(POLL_S)
         metrics, self.weight_version = ray.get(refs)[0]  # every rank reports the same (global) metrics
         self._phase("train", t0)
+        if BY_WORKER in metrics:
+            metrics = metrics | training_split(metrics.pop(BY_WORKER), self.dispatch.is_spot)
         metrics = metrics | self.dispatch.metrics()
         self.tracker.log(values={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
                          step=self.weight_version)

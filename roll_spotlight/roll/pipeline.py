@@ -64,6 +64,7 @@ class SpotlightPipeline(BasePipeline):
         for cluster in self.clusters.values():
             cluster.initialize(pipeline_config=cfg, base_path=self.base_path, store=self.store, blocking=True)
         self.sp_rendezvous = self.form_sp_groups()
+        self.inbox = None  # queue training's gradient inbox (make_dispatch)
         self.dispatch = self.make_dispatch()
 
     def form_sp_groups(self):
@@ -98,7 +99,8 @@ class SpotlightPipeline(BasePipeline):
                        worker_config=worker_config)
 
     def make_dispatch(self):
-        """``dispatch.mode``: the actor_infer ranks' static shares, or the shared queue (+ spot pool)."""
+        """``dispatch.mode``: the actor_infer ranks' static shares, or the shared queue (+ spot pool,
+        + queue training when spot workers train: `start_queue_training`)."""
         from roll_spotlight.roll.loop import PullDispatch, StaticDispatch
 
         cfg = self.pipeline_config
@@ -107,16 +109,30 @@ class SpotlightPipeline(BasePipeline):
         from roll_spotlight.dispatch.actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
+        self.inbox = self.start_queue_training(queue) if self.run_config.spot_trains() else None
         return PullDispatch(self.actor_infer, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
+
+    def start_queue_training(self, queue):
+        """`spot.training_phase` train/auto (`runtime.queue_training`): each update's micro-batches
+        become TRAIN requests in `queue`, pulled by the actor_train rank (which adds the sums and
+        steps), the actor_infer ranks (idle on-demand GPUs while it trains) and the spot workers;
+        the sums go to a gradient inbox. Returns the inbox."""
+        from roll_spotlight.runtime.queue_training import create_inbox
+
+        inbox = create_inbox(queue)
+        self.actor_train.use_queue_training(queue, inbox, blocking=True)
+        self.actor_infer.use_queue_training(inbox, blocking=True)
+        return inbox
 
     def make_spot_pool(self, queue):
         """The elastic pool of spot workers pulling from `queue` (runtime.spot_pool), started now.
 
-        Override to supply another market, clock or worker arguments (tests do). The pool's workers
+        Override to supply another market, clock or worker arguments (tests do; pass the
+        pipeline's ``inbox``). The pool's workers
         are the runtime's pull workers: they load the tiny base from its checkpoint file, or the real
         model from ``model.path`` on their own node (``runtime.actors.load_policy``), take each weight
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
-        when ``model.device`` is CUDA).
+        when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
         from roll_spotlight.models.source import policy_setup, policy_source
         from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
@@ -128,7 +144,7 @@ class SpotlightPipeline(BasePipeline):
         elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
                                min_degree=cfg.elastic.min_sp_degree)
         return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
-                                   elastic=elastic)
+                                   elastic=elastic, inbox=self.inbox)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.resource != SPOT_RESOURCE:

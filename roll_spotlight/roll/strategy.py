@@ -43,7 +43,9 @@ class DiffusersRolloutStrategy:
     Weights come from the run's weight store (`roll_spotlight.weights.WeightStore`), where the
     trainer publishes every version: a rank loads a version the first time a request asks for it,
     so stale exploration (version t while t+1 trains) and fresh rollouts need no push from the
-    driver. Version 0 is the base the rank started from.
+    driver. Version 0 is the base the rank started from, but with LoRA it is fetched too: each
+    process draws its own random adapters (B = 0 makes them roll out alike, but a micro-batch's
+    gradient depends on them), and the trainer's are the ones its updates apply to.
     """
 
     def __init__(self, cfg: RunConfig, policy, store=None) -> None:
@@ -53,8 +55,15 @@ class DiffusersRolloutStrategy:
         self.cfg, self.policy, self.store = cfg, policy, store
         self.executor = RolloutExecutor(policy)
         self.queue = RequestQueue(QueueConfig())
-        self.weight_version = 0
+        self.weight_version: int | None = None if store is not None and policy.lora is not None else 0
         self.sp_group = None
+        self.training = None  # queue training: a `runtime.queue_training.WorkerTraining`
+
+    def use_queue_training(self, inbox) -> None:
+        """Compute the micro-batches of updates this rank pulls (`runtime.queue_training`)."""
+        from roll_spotlight.runtime.queue_training import WorkerTraining
+
+        self.training = WorkerTraining(self.policy, inbox)
 
     def join_sp(self, membership) -> None:
         """Become one rank of an SP rollout group (`runtime.sp_group`); blocks until all joined.
@@ -82,21 +91,45 @@ class DiffusersRolloutStrategy:
         return drain_local(self.queue, specs, self._run)
 
     def drain(self, client) -> int:
-        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns the
-        count. In an SP group the leader pulls and shares each lease (None: the drain ends on every
-        rank); the others' ``client`` is not used."""
-        def pull():
-            return next(iter(client.pull(1)), None)
+        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns how
+        many requests ran. A batch of TRAIN leases (queue training) becomes one gradient sum
+        reported to the inbox (`runtime.queue_training.WorkerTraining`). In an SP group the leader
+        pulls and shares each batch (empty: the drain ends on every rank), the ranks train a TRAIN
+        batch data-parallel, and the others' ``client`` is not used."""
+        from roll_spotlight.dispatch.requests import RequestKind
 
         count = 0
-        while True:
-            lease = pull() if self.sp_group is None else self.sp_group.lead(pull)
-            if lease is None:
-                return count
+        while leases := self._pull(client):
+            train = leases[0].request.kind is RequestKind.TRAIN  # a batch never mixes TRAIN with other kinds
+            count += self._train(client, leases) if train else self._roll_out(client, leases)
+        return count
+
+    def _pull(self, client) -> list:
+        """This rank's next batch (``dispatch.pull_batch`` requests; TRAIN only with an inbox)."""
+        from roll_spotlight.dispatch.requests import RequestKind
+        from roll_spotlight.runtime.queue_training import TRAIN_ONLY, group_batch
+
+        kinds = None if self.training is not None else tuple(k for k in RequestKind if k is not RequestKind.TRAIN)
+        if self.sp_group is None:
+            return client.pull_batch(kinds=kinds)
+        size = self.sp_group.size
+        return self.sp_group.lead(lambda: group_batch(client.pull_batch(kinds=kinds), size,
+                                                      lambda n: client.pull(n, kinds=TRAIN_ONLY)))
+
+    def _roll_out(self, client, leases: list) -> int:
+        for i, lease in enumerate(leases):
+            if i and self.leader:
+                client.heartbeat()  # the batch's later leases must not expire while earlier ones run
             output = self._run(lease)
             if self.leader:
                 client.complete(lease, output)
-                count += 1
+        return len(leases) if self.leader else 0
+
+    def _train(self, client, leases: list) -> int:
+        """An on-demand rank never stops early: every lease ends in the sum."""
+        self._ensure_version(leases[0].request.weight_version)
+        ran, accepted = self.training.run(client.worker, leases, lambda: False, self.sp_group)
+        return ran if accepted else 0
 
     def _run(self, lease):
         from roll_spotlight.runtime.executor import Finished
@@ -151,6 +184,14 @@ class DiffusersTrainStrategy:
     @property
     def weight_version(self) -> int:
         return self.core.weight_version
+
+    def use_queue_training(self, queue, inbox) -> None:
+        """Train every update through `queue` (`runtime.queue_training.QueueMicroBatches`): this
+        rank pulls its micro-batches with the actor_infer ranks and spot workers, adds every
+        accepted sum, clips, steps and publishes as before."""
+        from roll_spotlight.runtime.queue_training import QueueMicroBatches
+
+        self.core.use_queue(QueueMicroBatches(queue, inbox))
 
     def publish(self) -> None:
         if self.sharded:  # every rank gathers the whole tensors (adapters only with LoRA)

@@ -18,6 +18,11 @@ the r-th contiguous shard of the outputs and prompts, and the rewards and group 
 batch), the ranks all-reduce gradients over a torch.distributed group that ``initialize`` sets up
 at ROLL's master address and port (gloo on CPU, nccl on GPU), and rank 0 alone publishes weights,
 validates and writes checkpoints. With one rank no process group is created.
+
+Queue training (``spot.training_phase``, one actor_train rank): the pipeline calls
+``use_queue_training`` on both clusters; the trainer rank then submits each update's micro-batches
+to the run's queue and pulls them with everyone else, and every actor_infer ``drain`` also computes
+the micro-batches it pulls (the driver restarts the drains while the update trains).
 """
 from __future__ import annotations
 
@@ -75,6 +80,11 @@ class DiTTrainerWorker(_DiTWorker):
                                 rank=self.rank, world_size=self.world_size)
         return AllReduceGradients()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def use_queue_training(self, queue, inbox) -> None:
+        """Train every update through the run's queue (`runtime.queue_training`; one rank only)."""
+        self.strategy.use_queue_training(queue, inbox)
+
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def train(self, outputs: list, prompts: list, group_ids: np.ndarray, rewards: np.ndarray,
               baselines: np.ndarray | None = None) -> tuple[dict, int]:
@@ -121,8 +131,14 @@ class DiTRolloutWorker(_DiTWorker):
         self.strategy.join_sp(memberships[self.rank])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def use_queue_training(self, inbox) -> None:
+        """Compute micro-batches of updates too (queue training): a drain then also pulls them."""
+        self.strategy.use_queue_training(inbox)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def drain(self, queue) -> int:
-        """Pull from the run's queue actor until nothing is pending; returns how many ran here."""
+        """Pull from the run's queue actor until nothing is pending; returns how many requests
+        (rollouts, or micro-batches of an update) ran here."""
         from roll_spotlight.dispatch.actor import QueueClient
 
         return self.strategy.drain(QueueClient(queue, self.worker_name or f"{self.cluster_name}-{self.rank}"))
