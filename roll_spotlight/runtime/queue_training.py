@@ -225,7 +225,8 @@ class WorkerTraining:
         version = leases[0].request.weight_version
         assert all(lease.request.weight_version == version for lease in leases), "one update per batch"
         work = self.work(version)
-        if work is None if group is None else group.any(work is None):
+        closed = work is None if group is None else group.any(work is None)  # a group decides together
+        if closed:
             return 0, False
         self._prepare(work)
         if group is None:
