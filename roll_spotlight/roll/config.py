@@ -153,8 +153,8 @@ class SpotlightConfig(BaseConfig):
         return run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections, self._trainer_ranks)
 
     def spot_training_summary(self) -> str | None:
-        """Why spot workers will not train although ``spot.training_phase: auto`` would let them
-        (None when they do, or were not asked to), logged at start-up."""
+        """Why spot workers will not train although ``spot.training_phase`` (auto or the default)
+        would let them (None when they do, or were not asked to), logged at start-up."""
         cfg = run_config({key: getattr(self, key) for key in RUN_KEYS}, self.sections)
         return one_rank_spot_training(cfg, self._trainer_ranks)[1]
 

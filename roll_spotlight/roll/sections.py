@@ -293,16 +293,17 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections, trainer_rank
 def one_rank_spot_training(cfg: RunConfig, trainer_ranks: int) -> tuple[RunConfig, str | None]:
     """Spot training runs through one trainer rank (`runtime.queue_training`: the rank owns the
     optimiser and adds every sum; the other workers pull micro-batches), so with more
-    ``actor_train`` ranks ``spot.training_phase: train`` is an error naming both keys and
-    ``auto`` becomes ``explore``. Returns the config in force and, when ``auto`` fell back,
-    why (logged at start-up)."""
+    ``actor_train`` ranks ``spot.training_phase: train`` is an error naming both keys, and
+    ``auto`` or the default become ``explore``. Returns the config in force and, when it fell
+    back, why (logged at start-up)."""
     if trainer_ranks == 1 or not cfg.spot_trains():
         return cfg, None
     if cfg.spot.training_phase == "train":
         raise ValueError(f"spot.training_phase=train needs actor_train.world_size=1, got {trainer_ranks} ranks: "
                          "spot workers' gradient sums are added by one trainer rank; use one actor_train rank "
                          "(device_mapping) or spot.training_phase: explore")
-    reason = (f"spot.training_phase=auto: spot workers explore during training and do not train, because "
+    phase = cfg.spot.training_phase or "null (the default)"
+    reason = (f"spot.training_phase={phase}: spot workers explore during training and do not train, because "
               f"actor_train.world_size={trainer_ranks} (spot training adds the workers' gradient sums on one "
               f"trainer rank; set actor_train.world_size: 1 to let them train)")
     return dataclasses.replace(cfg, spot=dataclasses.replace(cfg.spot, training_phase="explore")), reason
