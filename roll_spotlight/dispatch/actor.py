@@ -261,7 +261,9 @@ def create_queue_actor(
     queue from the journal, so nothing submitted, leased, committed or completed is lost. Without
     one a dead queue stays dead (its state lived only in that process).
     """
-    options: dict = {"enable_task_events": task_events} | ({} if name is None else {"name": name})
+    from roll_spotlight.placement import on_driver_node
+
+    options: dict = {"enable_task_events": task_events} | ({} if name is None else {"name": name}) | on_driver_node()
     if journal is not None:
         journal = journal if isinstance(journal, JournalConfig) else JournalConfig(str(journal))
         options |= {"max_restarts": -1, "max_task_retries": 3}  # a call that kills it 4 times is an error

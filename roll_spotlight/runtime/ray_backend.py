@@ -38,6 +38,7 @@ import ray
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
+from roll_spotlight.placement import on_driver_node
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.config.run import RunConfig
 
@@ -177,7 +178,7 @@ class RayBackend:
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
             data, path, self.store, self.cluster.trainer_threads_for(cfg.exploration.mode))
-        self.rewards = [RewardActor.remote(data) for _ in range(cfg.reward.world_size)]
+        self.rewards = [RewardActor.options(**on_driver_node()).remote(data) for _ in range(cfg.reward.world_size)]
         self.reward = self.rewards[0]
         self.reward_cfg = cfg.reward
         self.batch_ids = RewardBatchIds()
