@@ -185,7 +185,7 @@ class RayWorkerLauncher:
     def kill(self, name: str) -> int:
         import ray
 
-        unsaved = self._unsaved_steps(name)
+        unsaved = self.unsaved_steps(name)
         for worker in self.nodes[name]:
             handle = self.workers.pop(worker, None)
             # a worker still loading has no phases yet: do not wait on it for them
@@ -214,7 +214,7 @@ class RayWorkerLauncher:
         ref = self._ready.get(worker)
         return ref is not None and bool(ray.wait([ref], timeout=0)[0])
 
-    def _unsaved_steps(self, name: str) -> int:
+    def unsaved_steps(self, name: str) -> int:
         """What the node's workers would lose if killed now (a group's lease counted once, by its
         leader); 0 for a worker still starting or already dead."""
         import ray

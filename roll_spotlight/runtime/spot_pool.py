@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, RayWorkerLauncher, has_spot_resource
 from roll_spotlight.spot.ledger import CostLedger, CostReport
 from roll_spotlight.spot.market import MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, MarketConfig, SpotMarket
-from roll_spotlight.spot.pool import ElasticSpotPool, EventSource, MarketSchedule, SpotPoolConfig
+from roll_spotlight.spot.pool import ElasticSpotPool, EventSource, MarketSchedule, NodeState, SpotPoolConfig
 from roll_spotlight.spot.prices import Price, PriceTable, default_prices, prices_for_trace
 from roll_spotlight.spot.traces import Trace
 
@@ -174,6 +174,15 @@ class TrainingSpotPool:
         ray.get([queue.set_order.remote(names[:k], explore_first), queue.set_order.remote(names[k:], None)])
         return k
 
+    def unsaved_steps(self, node_id: str) -> int:
+        """Denoising steps the workers on Ray node ``node_id`` have run and not yet handed to the
+        queue (what a kill now would throw away); 0 for a node without live workers of the pool."""
+        with self._lock:
+            node = self.pool.nodes.get(node_id)
+            if node is None or node.state is NodeState.GONE:
+                return 0
+            return self.pool.launcher.unsaved_steps(node.worker)
+
     def cost(self) -> CostReport:
         return self.ledger.report(self.clock() * self.bill_scale)
 
@@ -216,16 +225,32 @@ def regroup_metrics(reports) -> dict[str, float]:
     arrivals, newcomers' weight copies by source, groups broken without notice, and the time lost
     per preemption (a loss's regroup, from the decision to the new groups serving: what the
     members of the groups it broke stand idle; the committed step in hand is not lost)."""
-    lost = [r for r in reports if r.lost]
+    lost = loss_regroup_seconds(reports)
     out = {"spot/regroups": float(len(reports)), "spot/regroups_after_loss": float(len(lost)),
            "spot/groups_broken": float(sum(len(r.broken) for r in reports)),
-           "spot/regroup_s_per_loss": float(sum(r.seconds for r in lost) / len(lost)) if lost else 0.0,
+           "spot/regroup_s_per_loss": float(sum(lost) / len(lost)) if lost else 0.0,
            "spot/regroup_s_max": float(max((r.seconds for r in reports), default=0.0))}
     for report in reports:
         for source in report.sources.values():
             key = f"spot/newcomer_weights_{source.value}"
             out[key] = out.get(key, 0.0) + 1.0
     return out
+
+
+def loss_regroup_seconds(reports) -> list[float]:
+    """Seconds of each regroup after a loss: the time a preemption costs the members of the
+    groups it broke (from the decision to the new groups serving)."""
+    return [float(r.seconds) for r in reports if r.lost]
+
+
+def time_lost_per_preemption(reports) -> dict[str, float | int | None]:
+    """Median and max of ``loss_regroup_seconds`` (None without a regroup after a loss)."""
+    lost = sorted(loss_regroup_seconds(reports))
+    if not lost:
+        return {"count": 0, "median": None, "max": None}
+    mid = len(lost) // 2
+    median = lost[mid] if len(lost) % 2 else (lost[mid - 1] + lost[mid]) / 2
+    return {"count": len(lost), "median": median, "max": lost[-1]}
 
 
 def cost_metrics(report: CostReport, bill_scale: float) -> dict[str, float]:

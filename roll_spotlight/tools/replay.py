@@ -295,10 +295,11 @@ def _save_tiny_policy(path: str, seed: int):
     return policy
 
 
-def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, results: _Results,
+def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, poll, stream: RequestStream, results: _Results,
               clock, until_s: float, submit: bool) -> None:
-    """Apply due market events, collect results and (while ``submit``) keep the backlog stocked,
-    until ``until_s``, or, when not submitting, until every submitted request is done."""
+    """Call ``poll(now)`` (apply due market events), collect results and (while ``submit``) keep
+    the backlog stocked for ``pool``'s serving workers, until ``until_s``, or, when not
+    submitting, until every submitted request is done."""
     import ray
 
     from roll_spotlight.runtime.collect import pump
@@ -310,7 +311,7 @@ def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, resu
         now = clock()
         results.max_poll_gap_s = max(results.max_poll_gap_s, now - last)
         last = now
-        pool.poll(now)
+        poll(now)
         if submit:
             pending, _ = ray.get(rt.queue.counts.remote())
             target = cfg.backlog * (1 + pool.serving)
@@ -344,22 +345,26 @@ def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
 
 def run_replay(cfg: ReplayConfig) -> dict:
     """The whole replay; returns the JSON report (see the module docstring)."""
-    from roll_spotlight.spot.ledger import CostLedger
-    from roll_spotlight.spot.prices import prices_for_trace
     from roll_spotlight.spot.synthetic import synthetic_trace
+
+    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    return run_checked(cfg, trace, build_market(cfg, trace))
+
+
+def run_checked(cfg: ReplayConfig, trace: Trace, market: SpotMarket, drive=None) -> dict:
+    """Start the runtime, ``drive(cfg, rt, market, stream) -> (_Live, CostLedger)`` it (default:
+    ``_replay_live``, the market's pool on this cluster), recompute every output uninterrupted and
+    return the report. The one home of the run-and-check that replay, soak and cluster-soak share."""
     from roll_spotlight.config.run import TaskConfig
     from roll_spotlight.training.tasks import train_pool
 
     t_start = time.monotonic()
-    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
-    market = build_market(cfg, trace)
-    ledger = CostLedger(prices_for_trace(trace))
     _one_torch_thread()
     stream = RequestStream(train_pool(TaskConfig(train_prompts=256)).texts, cfg.num_steps, cfg.noise_level, cfg.seed)
-    with tempfile.TemporaryDirectory(prefix="spotlight-replay-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="spotlight-replay-") as tmp:  # mkdtemp: mode 0700
         rt = _Runtime(cfg, Path(tmp))
         try:
-            live = _replay_live(cfg, rt, market, ledger, stream)
+            live, ledger = (drive or _replay_live)(cfg, rt, market, stream)
             t_ref = time.monotonic()
             completions = [live.results.completions[i] for i in sorted(live.results.completions)]
             mismatches = check_outputs(rt.policy_path, completions)
@@ -393,16 +398,19 @@ class _Live:
     failed: list
     drain_at: float
     end_at: float
+    extra: dict = field(default_factory=dict)  # a driver's own report fields (cluster-soak)
 
 
-def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, stream: RequestStream) -> _Live:
-    """Initial fleet up, clock started; submit for ``duration``; drain; stop every worker."""
-    import ray
-
+def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, stream: RequestStream):
+    """The market's pool on this cluster: initial fleet up, then ``drive_live``; the ledger bills
+    trace seconds (the on-demand worker from clock 0 to the end)."""
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
     from roll_spotlight.runtime.spot_pool import spot_elastic
+    from roll_spotlight.spot.ledger import CostLedger
     from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
+    from roll_spotlight.spot.prices import prices_for_trace
 
+    ledger = CostLedger(prices_for_trace(market.trace))
     elastic = spot_elastic(TINY_MODEL, cfg.sp_degree, cfg.lease_s, rt.policy_path)
     launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every,
                                  gpus_per_node=cfg.gpus_per_node, elastic=elastic)
@@ -412,28 +420,38 @@ def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, ledger, st
     pool.poll(0.0)  # the window's initial fleet: up before the clock starts (steady state)
     rt.wait_ready()
     launcher.wait_ready(timeout_s=120.0)
+    live = drive_live(cfg, rt, pool, stream, poll=pool.poll, close=pool.close)
+    ledger.start(ONDEMAND_WORKER, "ondemand", 0.0)
+    ledger.stop(ONDEMAND_WORKER, live.end_at * cfg.speedup)
+    return live, ledger
+
+
+def drive_live(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, *, poll, close) -> _Live:
+    """The clock starts now: submit for ``duration``, drain, ``close(now)`` the spot side, stop
+    the on-demand worker, collect what is left. ``poll(now)`` runs on every turn of the loop."""
+    import ray
+
     t0 = time.monotonic()
     clock = lambda: time.monotonic() - t0  # noqa: E731
-    ledger.start(ONDEMAND_WORKER, "ondemand", 0.0)
     results = _Results()
-    _run_loop(cfg, rt, pool, stream, results, clock, cfg.duration_s, submit=True)
+    _run_loop(cfg, rt, pool, poll, stream, results, clock, cfg.duration_s, submit=True)
     drain_at = clock()
-    _run_loop(cfg, rt, pool, stream, results, clock, cfg.duration_s + cfg.drain_timeout_s, submit=False)
+    _run_loop(cfg, rt, pool, poll, stream, results, clock, cfg.duration_s + cfg.drain_timeout_s, submit=False)
     end_at = clock()
-    pool.close(end_at)
+    close(end_at)
     rt.stop_ondemand(timeout_s=60.0)
-    ledger.stop(ONDEMAND_WORKER, end_at * cfg.speedup)
     results.add(ray.get(rt.queue.take_results.remote()))
     stats, failed = ray.get([rt.queue.stats.remote(), rt.queue.failed.remote()])
     return _Live(pool, results, stats, failed, drain_at, end_at)
 
 
 def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing) -> dict:
-    from roll_spotlight.runtime.spot_pool import regroup_metrics
+    from roll_spotlight.runtime.spot_pool import regroup_metrics, time_lost_per_preemption
 
     results, pool, queue_stats = live.results, live.pool, live.queue_stats
     completions = results.completions.values()
     regroups = {k.removeprefix("spot/"): v for k, v in regroup_metrics(pool.launcher.regroups).items()}
+    regroups["time_lost_per_preemption_s"] = time_lost_per_preemption(pool.launcher.regroups)
     return {
         "kind": "measured",
         "trace": trace.name,
@@ -474,6 +492,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
         "mismatched_outputs": mismatches[0],
         "mismatched_resumed_outputs": mismatches[1],
         "cost": ledger.report().to_dict(),
+        **live.extra,
     }
 
 

@@ -37,11 +37,8 @@ import dataclasses
 import logging
 import math
 import sys
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -264,31 +261,9 @@ def run_market_only(cfg: SoakConfig, trace: Trace | None = None) -> dict:
 def _replay(cfg: SoakConfig, trace: Trace) -> dict:
     """Replay's live run and check over an already built trace (replay.run_replay loads its own)."""
     from roll_spotlight.tools import replay
-    from roll_spotlight.spot.ledger import CostLedger
-    from roll_spotlight.spot.prices import prices_for_trace
-    from roll_spotlight.config.run import TaskConfig
-    from roll_spotlight.training.tasks import train_pool
 
-    t_start = time.monotonic()
     rcfg = cfg.replay_config()
-    market = replay.build_market(rcfg, trace)
-    ledger = CostLedger(prices_for_trace(trace))
-    replay._one_torch_thread()
-    stream = replay.RequestStream(train_pool(TaskConfig(train_prompts=256)).texts, rcfg.num_steps,
-                                  rcfg.noise_level, rcfg.seed)
-    with tempfile.TemporaryDirectory(prefix="spotlight-soak-") as tmp:  # mkdtemp: mode 0700
-        rt = replay._Runtime(rcfg, Path(tmp))
-        try:
-            live = replay._replay_live(rcfg, rt, market, ledger, stream)
-            t_ref = time.monotonic()
-            completions = [live.results.completions[i] for i in sorted(live.results.completions)]
-            mismatches = replay.check_outputs(rt.policy_path, completions)
-            reference_s = time.monotonic() - t_ref
-        finally:
-            rt.close()
-    timing = {"run_wall_s": live.drain_at, "drain_wall_s": live.end_at - live.drain_at,
-              "reference_wall_s": reference_s, "wall_s": time.monotonic() - t_start}
-    return replay._report(rcfg, trace, market, stream, live, ledger, mismatches, timing)
+    return replay.run_checked(rcfg, trace, replay.build_market(rcfg, trace))
 
 
 # ---------------------------------------------------------------------------------------------
