@@ -238,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_soak)
+    p = sub.add_parser("cluster-soak", help="a spot trace driving real raylets on this machine (measured)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser("notice-agent", help="drain this Ray node on its cloud's preemption notice",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("prompts", help="write a shipped prompt set: `prompts ocr --out DIR`")
     p.add_argument("kind", choices=["ocr"])
     p.add_argument("--out", required=True, help="folder for train.txt and test.txt")
@@ -259,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.tools.replay",
-               "soak": "roll_spotlight.tools.soak", "compare": "roll_spotlight.tools.compare"}
+               "soak": "roll_spotlight.tools.soak", "compare": "roll_spotlight.tools.compare",
+               "cluster-soak": "roll_spotlight.tools.cluster_soak", "notice-agent": "roll_spotlight.tools.notice_agent"}
 
 
 def main(argv: list[str] | None = None) -> int:
