@@ -58,6 +58,7 @@ class ClusterSoakConfig:
     sp_degree: int = 2
     provider: str | None = None
     count_model: str = "instances"
+    start_s: float | str = 0.0
     notice_s: float | None = None
     no_notice: bool = False
     commit_every: int = 0
@@ -76,6 +77,8 @@ class ClusterSoakConfig:
             raise ValueError(f"--provider {self.provider!r} is not one of {list(PROVIDERS)}")
         if self.count_model not in COUNT_MODELS:
             raise ValueError(f"--count-model {self.count_model!r} is not one of {list(COUNT_MODELS)}")
+        if not (self.start_s == "auto" or (isinstance(self.start_s, (int, float)) and self.start_s >= 0)):
+            raise ValueError(f"--start-s must be trace seconds >= 0 or 'auto', got {self.start_s!r}")
         if self.notice_s is not None and not (math.isfinite(self.notice_s) and self.notice_s > 0):
             raise ValueError(f"--notice-s must be a finite number > 0, got {self.notice_s!r}")
 
@@ -120,10 +123,11 @@ def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, work
         trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
     check_machine(cfg)
     soak = cfg.soak_config()
-    tiled = tile_trace(trace, laps_needed(soak, trace))
+    start = window_start(cfg, trace)
+    tiled = tile_trace(trace, laps_needed(soak, trace) + math.ceil(start / max(trace.end_s, 1e-9)))
     provider = cfg.provider or trace.provider
     notice_s = cfg.notice_wall_s(trace.provider)
-    rcfg = dataclasses.replace(soak.replay_config(), notice_s=notice_s)
+    rcfg = dataclasses.replace(soak.replay_config(), notice_s=notice_s, start_s=start)
     market = replay.build_market(rcfg, tiled.trace)
     cluster_cfg = LocalClusterConfig(gpus_per_node=cfg.gpus_per_node, ondemand_gpus=2, provider=provider,
                                      notice_s=notice_s, keep_logs=cfg.keep_logs)
@@ -137,6 +141,17 @@ def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, work
                      "nodes": cfg.nodes, "provider": provider, "leftover_processes": len(leftovers),
                      "lost": report["requests_lost"], "duplicated": report["duplicate_completions"],
                      "mismatched": report["mismatched_outputs"]}
+
+
+def window_start(cfg: ClusterSoakConfig, trace: Trace) -> float:
+    """``--start-s`` in trace seconds; "auto": replay's busiest window of the soak's length (the
+    one with the most preemptions of the capped fleet, on one lap of the trace)."""
+    from roll_spotlight.tools.replay import busiest_window
+
+    if cfg.start_s != "auto":
+        return float(cfg.start_s)
+    return busiest_window(trace, cfg.minutes * 60.0 * cfg.speedup, cap_nodes=cfg.nodes,
+                          count_model=cfg.count_model, seed=cfg.seed)
 
 
 class _ClusterDrive:
@@ -203,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sp-degree", type=int, default=d.sp_degree, help="SP degree of the spot workers' elastic groups")
     p.add_argument("--minutes", type=float, default=d.minutes, help="wall minutes of request submission")
     p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
+    p.add_argument("--start-s", default="0", help="window start in trace seconds, or 'auto' (the busiest window)")
     p.add_argument("--provider", default=None, help=f"notice bridge provider, one of {PROVIDERS}; default: the trace's")
     p.add_argument("--count-model", default=d.count_model, help=f"count traces: one of {COUNT_MODELS}")
     p.add_argument("--notice-s", type=float, default=None,
@@ -220,7 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ClusterSoakConfig:
+    from roll_spotlight.tools.replay import _float_arg
+
+    start = args.start_s if args.start_s == "auto" else _float_arg("--start-s", args.start_s)
     return ClusterSoakConfig(trace=args.trace, minutes=args.minutes, speedup=args.speedup, nodes=args.nodes,
+                             start_s=start,
                              gpus_per_node=args.gpus_per_node, sp_degree=args.sp_degree, provider=args.provider,
                              count_model=args.count_model, notice_s=args.notice_s, no_notice=args.no_notice,
                              commit_every=args.commit_every,
