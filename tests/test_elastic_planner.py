@@ -266,3 +266,26 @@ def test_newcomers_wait_before_survivors_and_unknown_floors_are_rejected() -> No
 
     with pytest.raises(ValueError, match=r"elastic.min_sp_degree=3 must be one of the valid SP degrees \[1, 2, 4\]"):
         ElasticGroupsConfig(num_heads=8, preferred_degree=4, min_degree=3)
+
+
+def test_a_newcomer_whose_weight_copy_fails_is_admitted_to_load_from_storage(monkeypatch):
+    """A spot node that goes while a newcomer copies weights from it (or the newcomer's own node
+    goes) must not take the regroup down: the newcomer loads from storage instead."""
+    pytest.importorskip("ray")
+    from ray.exceptions import ActorUnschedulableError
+
+    from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
+    from roll_spotlight.elastic.transfer import TransferSource
+
+    groups = ElasticGroups(ElasticGroupsConfig(num_heads=4, preferred_degree=2), rendezvous=None, queue=None)
+    groups.workers = {("a", 0): "peer a0", ("a", 1): "peer a1"}
+    copies = []
+
+    def copy(peer, newcomer, method):
+        copies.append((peer, newcomer))
+        raise ActorUnschedulableError("the node specified via NodeAffinitySchedulingStrategy doesn't exist any more")
+
+    monkeypatch.setattr(groups, "_copy", copy)
+    sources = groups._admit({("b", 0): "new b0"})
+    assert copies == [("peer a0", "new b0")]
+    assert sources == {("b", 0): TransferSource.STORAGE} and groups.workers[("b", 0)] == "new b0"

@@ -148,3 +148,22 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     assert np.array_equal(completion.output.latents, ref.latents)
     assert np.array_equal(completion.output.log_probs, ref.log_probs)
     pool.close(100.0)
+
+
+def test_workers_pinned_to_a_node_that_went_before_they_were_placed_count_as_dead(cluster):
+    """On a real cluster a spot node can go between the pool starting its workers (pinned to it)
+    and Ray placing them: their calls raise ActorUnschedulableError. The launcher's probes read
+    nothing from them and its death check reports the node, instead of failing the pool."""
+    from roll_spotlight.dispatch.actor import create_queue_actor
+
+    queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
+    launcher = RayWorkerLauncher(cluster["path"], queue, cluster["store"], node_affinity=True)
+    gone = "ab" * 28  # a node id no raylet has
+    launcher.start("spot-gone", gone)
+    deadline = time.monotonic() + TIMEOUT_S
+    died = []
+    while not died and time.monotonic() < deadline:
+        died = launcher.dead()
+        time.sleep(0.05)
+    assert died == ["spot-gone"]
+    assert launcher.kill("spot-gone") == 0 and launcher.timelines["spot-gone"][-1]["phase"] == "preempted"

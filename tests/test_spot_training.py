@@ -395,3 +395,29 @@ def test_the_pool_knows_the_queue_names_of_its_workers_and_of_their_sp_groups():
     spot = TrainingSpotPool(pool, ledger, lambda: 0.0, ondemand_gpus=2)
     assert spot.is_spot("spot-z/a") and spot.is_spot("gen0/spot/sp0") and spot.is_spot("gen1/spot/sp0")
     assert not spot.is_spot("trainer") and not spot.is_spot("actor_infer-0") and not spot.is_spot("gen2/spot/sp0")
+
+
+def test_a_failed_background_poll_is_raised_to_the_driver_not_swallowed():
+    import threading
+
+    class FailingPool:
+        config = SpotPoolConfig()
+        polled = threading.Event()
+
+        def poll(self, now):
+            self.polled.set()
+            raise ValueError("node table unreadable")
+
+        def close(self, now):
+            pass
+
+    pool = FailingPool()
+    ledger = CostLedger(training_prices(SpotConfig(), two_node_market().trace))
+    spot = TrainingSpotPool(pool, ledger, lambda: 1.0, ondemand_gpus=1, background_poll_s=0.01)
+    assert pool.polled.wait(10.0)
+    spot._poller.join(10.0)
+    assert isinstance(spot.poller_error, ValueError)
+    with pytest.raises(RuntimeError, match="background poll failed"):
+        spot.poll()
+    with pytest.raises(RuntimeError, match="background poll failed"):
+        spot.close()

@@ -200,15 +200,26 @@ class ElasticGroups:
 
     def _admit(self, newcomers: Mapping[Member, Any]) -> dict[Member, TransferSource]:
         """Copy the current weights into each newcomer from the cheapest peer; returns the source
-        each used. Newcomers admitted earlier in the same call serve as peers for later ones."""
+        each used. Newcomers admitted earlier in the same call serve as peers for later ones. A
+        copy that fails because the peer or the newcomer died on the way (a spot node that went
+        during the copy) leaves the newcomer to load from storage on its first lease; a dead
+        newcomer is then found by its group's serve() like any member that dies."""
+        from ray.exceptions import RayError
+
         sources = {}
         for member in sorted(newcomers):
             peers = {f"{node}:{gpu}": node for node, gpu in self.workers}
             plan = choose_source(member[0], peers, storage_available=True)
+            source = plan.source
             if plan.peer is not None:
                 peer = self.workers[_member_of(plan.peer)]
-                self._copy(peer, newcomers[member], choose_method(plan, self.config.cuda))
-            sources[member] = plan.source
+                try:
+                    self._copy(peer, newcomers[member], choose_method(plan, self.config.cuda))
+                except RayError as err:
+                    log.warning("weight copy %s -> %s failed (%s); the newcomer loads from storage",
+                                plan.peer, member, type(err).__name__)
+                    source = TransferSource.STORAGE
+            sources[member] = source
             self.workers[member] = newcomers[member]
         return sources
 

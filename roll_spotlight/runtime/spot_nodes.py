@@ -218,7 +218,6 @@ class RayWorkerLauncher:
         """What the node's workers would lose if killed now (a group's lease counted once, by its
         leader); 0 for a worker still starting or already dead."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
 
         total = 0
         for worker in self.nodes[name]:
@@ -229,8 +228,8 @@ class RayWorkerLauncher:
                 continue
             try:
                 total += int(ray.get(handle.unsaved_steps.remote(), timeout=self.probe_timeout_s))
-            except (RayActorError, GetTimeoutError):
-                pass
+            except _unreachable_actor_errors():
+                pass  # dead, never placed, or stuck: nothing it holds can be read any more
         return total
 
     def _leads_a_group(self, member) -> bool:
@@ -242,13 +241,12 @@ class RayWorkerLauncher:
         """The worker's phases read before it goes (a killed actor's timeline goes with it), plus
         a mark of how it ended: "preempted" (killed at NODE_DOWN) or "died" (on its own)."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
 
         events = []
         if worker is not None:
             try:
                 events = list(ray.get(worker.timeline.remote(), timeout=self.probe_timeout_s))
-            except (RayActorError, GetTimeoutError):
+            except _unreachable_actor_errors():
                 pass  # dead or stuck: its phases are lost, the mark below still says when it went
         now = time.time()
         self.timelines[name] = events + [{"worker": name, "phase": end, "start": now, "end": now}]
@@ -274,7 +272,7 @@ class RayWorkerLauncher:
 
     def _dead_solo(self) -> list[str]:
         import ray
-        from ray.exceptions import RayActorError, RayError
+        from ray.exceptions import RayError
 
         refs = {ref: worker for worker, ref in self._serving.items()}
         if not refs:
@@ -286,7 +284,7 @@ class RayWorkerLauncher:
             del self._serving[worker]
             try:
                 self.finished[worker] = ray.get(ref)
-            except RayActorError:
+            except _dead_actor_errors():
                 died.append(self._node_of[worker])
             except RayError:
                 raise  # a solo worker's serve() failing is a bug, not a preemption
@@ -294,7 +292,7 @@ class RayWorkerLauncher:
 
     def _dead_elastic(self) -> list[str]:
         import ray
-        from ray.exceptions import RayActorError, RayError
+        from ray.exceptions import RayError
 
         if self.groups is None or not self.groups.serving:
             return []
@@ -305,7 +303,7 @@ class RayWorkerLauncher:
         for ref in done:
             try:
                 ray.get(ref)
-            except RayActorError:  # this member's process is gone; a peer's serve() raises RayError
+            except _dead_actor_errors():  # this member's process is gone; a peer's serve() raises RayError
                 died.add(self._node_of[by_member[refs[ref]]])
             except RayError:
                 pass  # a survivor of a broken group: the dead member's regroup re-forms it
@@ -341,6 +339,21 @@ class RayWorkerLauncher:
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None
+
+
+def _dead_actor_errors() -> tuple[type[BaseException], ...]:
+    """What a call on an actor raises once it has no process: it died, or (pinned to a node
+    that went before it was placed) it never got one."""
+    from ray.exceptions import ActorUnschedulableError, RayActorError
+
+    return (RayActorError, ActorUnschedulableError)
+
+
+def _unreachable_actor_errors() -> tuple[type[BaseException], ...]:
+    """``_dead_actor_errors`` plus a probe that timed out (a stuck actor)."""
+    from ray.exceptions import GetTimeoutError
+
+    return (*_dead_actor_errors(), GetTimeoutError)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ class TrainingSpotPool:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        self.poller_error: BaseException | None = None
         ledger.start(ONDEMAND_BILLING, "ondemand", 0.0, gpus=ondemand_gpus)
         if background_poll_s is not None:
             self._start_poller(background_poll_s)
@@ -116,7 +117,12 @@ class TrainingSpotPool:
         driver is busy arrives late and its node dies without committing."""
         def loop() -> None:
             while not self._stop.wait(interval_s):
-                self.poll()
+                try:
+                    self.poll()
+                except Exception as err:  # re-raised to the driver by its next poll() or close()
+                    self.poller_error = err
+                    log.exception("the spot pool's background poll failed; it no longer follows the spot nodes")
+                    return
 
         self._poller = threading.Thread(target=loop, name="spot-pool-poller", daemon=True)
         self._poller.start()
@@ -126,9 +132,16 @@ class TrainingSpotPool:
         return self.pool.config.bill_scale
 
     def poll(self) -> None:
+        self.raise_if_failed()
         with self._lock:
             if not self._stop.is_set():
                 self.pool.poll(self.clock())
+
+    def raise_if_failed(self) -> None:
+        """The background poller's failure, raised in the caller (a pool that silently stopped
+        following its nodes would go on billing and reporting as if it did)."""
+        if self.poller_error is not None:
+            raise RuntimeError("the spot pool's background poll failed") from self.poller_error
 
     def record(self, completion) -> None:
         """Count one collected completion (a ``dispatch.requests.Completion``)."""
@@ -217,6 +230,7 @@ class TrainingSpotPool:
         self.pool.close(now)
         if ONDEMAND_BILLING in self.ledger.open_nodes:
             self.ledger.stop(ONDEMAND_BILLING, now * self.bill_scale)
+        self.raise_if_failed()
         return self.ledger.report()
 
 

@@ -18,7 +18,8 @@ pool saw them; regroups; ``time_lost_per_preemption_s``: median and max seconds 
 after a loss) plus ``cluster``: what the harness did (joins, notices sent through the bridge,
 kills after a notice and without one), ``denoise_steps_lost_after_notice`` and
 ``..._without_notice`` (steps the workers of a node had run and not handed to the queue, read
-just before its raylet is killed), and ``leftover_processes`` after the head was shut down.
+just before its raylet is killed), ``leftover_processes`` after the head was shut down, and
+``peak_rss_all_mb`` (this process and every process under it: head, raylets, agents, workers).
 
 Time: as `spotlight soak` (``--speedup``); the notice is ``--notice-s`` wall seconds, by default
 the provider's notice / speedup but at least ``MIN_CLUSTER_NOTICE_S``: the bridge's own latency
@@ -117,8 +118,10 @@ def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, work
     from roll_spotlight.spot.synthetic import synthetic_trace
     from roll_spotlight.tools import replay
     from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
-    from roll_spotlight.tools.soak import laps_needed, tile_trace
+    from roll_spotlight.tools.soak import RssSampler, laps_needed, tile_trace
 
+    if ray_is_initialized():
+        raise RuntimeError("cluster-soak drives a cluster of its own: this process is already connected to Ray")
     if trace is None:
         trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
     check_machine(cfg)
@@ -131,7 +134,7 @@ def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, work
     market = replay.build_market(rcfg, tiled.trace)
     cluster_cfg = LocalClusterConfig(gpus_per_node=cfg.gpus_per_node, ondemand_gpus=2, provider=provider,
                                      notice_s=notice_s, keep_logs=cfg.keep_logs)
-    with LocalCluster(cluster_cfg) as cluster:
+    with RssSampler(every_s=1.0) as rss, LocalCluster(cluster_cfg) as cluster:
         driver = ClusterTraceDriver(market, cluster, epoch0=time.time(), no_notice=cfg.no_notice)
         driver.tick(0.0)  # the window's initial fleet: its raylets start while the runtime comes up
         rcfg = dataclasses.replace(rcfg, address=cluster.address)
@@ -139,8 +142,15 @@ def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, work
     leftovers = cluster.leftovers()
     return report | {"soak_minutes": cfg.minutes, "trace": trace.name, "trace_laps": tiled.laps,
                      "nodes": cfg.nodes, "provider": provider, "leftover_processes": len(leftovers),
+                     "peak_rss_all_mb": round(rss.peak_all_mb, 1),
                      "lost": report["requests_lost"], "duplicated": report["duplicate_completions"],
                      "mismatched": report["mismatched_outputs"]}
+
+
+def ray_is_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
 
 
 def window_start(cfg: ClusterSoakConfig, trace: Trace) -> float:
@@ -186,6 +196,7 @@ class _ClusterDrive:
             if not started:  # market time 0 is the drive clock's 0; deadlines go out in epoch seconds
                 driver.epoch0 = time.time() - now
                 started.append(now)
+            self.training.raise_if_failed()  # the pool follows the nodes in its own thread
             driver.tick(now)
 
         try:
