@@ -69,6 +69,7 @@ class FakeCluster:
 
     def kill(self, name):
         self.calls.append(("kill", name))
+        return True
 
 
 def test_the_trace_driver_starts_notices_and_kills_raylets_at_the_markets_times():
@@ -121,13 +122,15 @@ def test_notice_drain_commit_node_gone_and_nothing_lost(tmp_path):
         pytest.skip("drives a Ray cluster of its own; this process is connected to another")
     ray_address_file = Path("/tmp/ray/ray_current_cluster")
     before = ray_address_file.stat().st_mtime_ns if ray_address_file.exists() else None
-    # one spot node of 2 GPUs (one SP-2 group): noticed 4 s before it goes, 6 s into the run
-    trace = _trace((0.0, "add", "a"), (10.0, "remove", "a"), (600.0, "add", "later"))
+    # one spot node of 2 GPUs (one SP-2 group): noticed 4 s into the 15 s run, killed 4 s later
+    trace = _trace((0.0, "add", "a"), (8.0, "remove", "a"), (600.0, "add", "later"))
     cfg = ClusterSoakConfig(minutes=0.25, speedup=1.0, nodes=1, gpus_per_node=2, sp_degree=2, notice_s=4.0,
                             num_steps=6, drain_timeout_s=60.0)
     report = run_cluster_soak(cfg, trace, worker_kwargs=lambda node_id: {"hold_at_step": 3})
     summary = json.dumps({k: report[k] for k in ("cluster", "notices", "preemptions", "commits", "lost")})
-    assert report["cluster"] == {"joins": 1, "notices": 1, "kills_after_notice": 1, "kills_without_notice": 0}, summary
+    assert report["cluster"] == {"joins": 1, "notices": 1, "kills_after_notice": 1, "kills_without_notice": 0,
+                                 "gone_before_kill": 0,  # its workers kept it busy to the deadline
+                                 "deaths": {"AUTOSCALER_DRAIN_PREEMPTED": 1}}, summary
     # the run saw the raylet join, drain (the agent's DrainNode, nothing else notifies) and go
     assert (report["spot_nodes_started"], report["notices"], report["preemptions"]) == (1, 1, 1), summary
     assert report["preempted_after_notice"] == 1 and report["notices_late"] == 0

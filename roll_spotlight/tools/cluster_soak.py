@@ -16,7 +16,9 @@ the raylets come, drain and go through Ray only.
 The report is replay's (requests lost, duplicated, mismatched; preemptions and notices as the
 pool saw them; regroups; ``time_lost_per_preemption_s``: median and max seconds of the regroups
 after a loss) plus ``cluster``: what the harness did (joins, notices sent through the bridge,
-kills after a notice and without one), ``denoise_steps_lost_after_notice`` and
+kills after a notice and without one, raylets already gone at their kill) and ``deaths``, the
+GCS's death reason of every spot node that registered (``AUTOSCALER_DRAIN_PREEMPTED``: drained by
+its agent before it died), ``denoise_steps_lost_after_notice`` and
 ``..._without_notice`` (steps the workers of a node had run and not handed to the queue, read
 just before its raylet is killed), ``leftover_processes`` after the head was shut down, and
 ``peak_rss_all_mb`` (this process and every process under it: head, raylets, agents, workers).
@@ -204,7 +206,8 @@ class _ClusterDrive:
         except BaseException:
             self.training.close()
             raise
-        live.extra = {"cluster": dataclasses.asdict(driver.stats), "notice_wall_s": rcfg.notice_s,
+        live.extra = {"cluster": dataclasses.asdict(driver.stats) | {"deaths": self.cluster.death_reasons()},
+                      "notice_wall_s": rcfg.notice_s,
                       "denoise_steps_lost_after_notice": self.steps_lost[True],
                       "denoise_steps_lost_without_notice": self.steps_lost[False]}
         return live, self.training.ledger

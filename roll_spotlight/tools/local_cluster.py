@@ -242,12 +242,15 @@ class LocalCluster:
         else:
             os.kill(node.agent.pid, signal.SIGTERM)
 
-    def kill(self, name: str) -> None:
-        """SIGKILL the node's raylet (its process group, then any descendant left) and its agent."""
+    def kill(self, name: str) -> bool:
+        """SIGKILL the node's raylet (its process group, then any descendant left) and its agent;
+        False if the raylet had already exited (a drained idle raylet shuts itself down)."""
         node = self.nodes.pop(name)
+        running = node.raylet.poll() is None
         _end_group(node.raylet, signal.SIGKILL, wait_s=5.0)
         _end_group(node.agent, signal.SIGKILL, wait_s=5.0)
         self.gone.append(node)
+        return running
 
     def node_ids(self) -> dict[str, str]:
         """Alive nodes registered with the GCS: name -> node id (hex)."""
@@ -257,6 +260,19 @@ class LocalCluster:
             self._gcs = GcsClient(address=self.address)
         return {info.node_name: node_id.hex()
                 for node_id, info in self._gcs.get_all_node_info(timeout=5).items() if info.state == 0}
+
+    def death_reasons(self) -> dict[str, int]:
+        """How the spot nodes that registered and died went, by the GCS's death reason
+        (AUTOSCALER_DRAIN_PREEMPTED: drained for a preemption first, i.e. the bridge got there)."""
+        from ray.core.generated.common_pb2 import NodeDeathInfo
+
+        self.node_ids()  # connects
+        reasons: dict[str, int] = {}
+        for info in self._gcs.get_all_node_info(timeout=5).values():
+            if info.state != 0 and info.node_name.startswith("spot-"):
+                reason = NodeDeathInfo.Reason.Name(info.death_info.reason)
+                reasons[reason] = reasons.get(reason, 0) + 1
+        return reasons
 
     def wait_registered(self, names, timeout_s: float | None = None) -> None:
         """Block until every node in ``names`` is alive in the GCS (TimeoutError naming the rest)."""
@@ -361,6 +377,7 @@ class DriverStats:
     notices: int = 0
     kills_after_notice: int = 0
     kills_without_notice: int = 0
+    gone_before_kill: int = 0  # raylets that had exited by their kill (drained while idle)
 
 
 class ClusterTraceDriver:
@@ -402,6 +419,6 @@ class ClusterTraceDriver:
         elif event.kind is EventKind.NODE_DOWN and name is not None:
             noticed = name in self.noticed
             self.before_kill(name, noticed)
-            self.cluster.kill(name)
+            self.stats.gone_before_kill += self.cluster.kill(name) is False
             self.stats.kills_after_notice += noticed
             self.stats.kills_without_notice += not noticed
