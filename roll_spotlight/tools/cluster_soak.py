@@ -33,6 +33,7 @@ machine's memory holds (``--nodes``), an unknown provider, a bad trace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import math
@@ -276,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         trace = load_trace(cfg.trace) if cfg.trace is not None else None  # bad traces fail before Ray starts
         check_machine(cfg)
-        report = run_cluster_soak(cfg, trace)
+        with contextlib.redirect_stdout(sys.stderr):  # Ray prints each killed raylet's last log lines
+            report = run_cluster_soak(cfg, trace)
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight cluster-soak: {err}", file=sys.stderr)
         return 2

@@ -52,12 +52,12 @@ log = logging.getLogger(__name__)
 
 LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
 SPOT_RESOURCE, ONDEMAND_RESOURCE, SPOT_LABEL = "spot_gpu", "ondemand_gpu", "spot=true"
-# Memory a spot node takes on this kind of host, measured with `spotlight cluster-soak` (docs/cluster.md):
-# `ray start` + raylet + dashboard and runtime-env agents + the notice agent, and one rollout worker
-# (torch + the tiny policy). The head (GCS, raylet, agents, monitor) plus the driver and the
-# on-demand worker take HEAD_MB.
+# Memory (RSS, shared pages counted in each process) a spot node takes: `ray start` + raylet +
+# dashboard and runtime-env agents (~280 MB) + the notice agent (~85 MB), and one rollout worker
+# (torch + the tiny policy). The head (GCS, raylet, agents, monitor, ~850 MB) plus the driver and
+# the on-demand worker take HEAD_MB. Checked against `spotlight cluster-soak`'s peak (docs/cluster.md).
 NODE_BASE_MB = 450.0
-WORKER_MB = 400.0
+WORKER_MB = 500.0
 HEAD_MB = 1500.0
 
 
