@@ -2,11 +2,11 @@
 
 The request queue, the weight store and the reward actors ask Ray for no resource, so Ray may
 place them on any node, a spot node included, where a preemption would take the run's queue or
-weights with it (measured on Ray 2.60 with one head and one spot raylet: 1 to 3 of 4 such actors
-landed on the spot node, with or without a *soft* affinity to the driver's node). They are pinned
-with a hard affinity to the node of the process creating them: the driver, which runs on the
-on-demand head (``ray job submit``, KubeRay's head pod, or a driver attached to its host's head).
-They need no resource, so that node can always take them; if it dies the run is over anyway.
+weights with it; a *soft* affinity to the driver's node does not prevent that (docs/cluster.md).
+They are pinned with a hard affinity to the node of the process creating them: the driver, which
+runs on the on-demand head (``ray job submit``, KubeRay's head pod, or a driver attached to its
+host's head). They need no resource, so that node can always take them; if it dies the run is
+over anyway.
 """
 from __future__ import annotations
 

@@ -52,10 +52,9 @@ log = logging.getLogger(__name__)
 
 LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
 SPOT_RESOURCE, ONDEMAND_RESOURCE, SPOT_LABEL = "spot_gpu", "ondemand_gpu", "spot=true"
-# Memory (RSS, shared pages counted in each process) a spot node takes: `ray start` + raylet +
-# dashboard and runtime-env agents (~280 MB) + the notice agent (~85 MB), and one rollout worker
-# (torch + the tiny policy). The head (GCS, raylet, agents, monitor, ~850 MB) plus the driver and
-# the on-demand worker take HEAD_MB. Checked against `spotlight cluster-soak`'s peak (docs/cluster.md).
+# Memory (RSS) of a spot node: `ray start`, raylet, dashboard and runtime-env agents and the
+# notice agent (NODE_BASE_MB), plus one rollout worker (torch + the tiny policy) per GPU; the head
+# with the driver and the on-demand worker take HEAD_MB. Sized from a soak's peak (docs/cluster.md).
 NODE_BASE_MB = 450.0
 WORKER_MB = 500.0
 HEAD_MB = 1500.0
