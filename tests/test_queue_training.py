@@ -214,8 +214,7 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
 
     def worker(name, **kwargs):
         handle = RolloutWorker.options(name=None).remote(name, source, queue, store, inbox=inbox, **kwargs)
-        ray.get(handle.prepare_standby.remote())
-        return handle, handle.serve.remote()
+        return handle, handle.serve.remote()  # the actors start side by side
 
     spot = {name: worker(name, hold_at_micro_batch=1) for name in ("spot-a", "spot-b", "spot-c")}
     trainer = FlowGRPOTrainer(policy, cfg.train)
