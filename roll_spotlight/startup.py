@@ -76,7 +76,12 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
     if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
         from roll_spotlight.models.memory_plan import check_memory_plan
 
-        check_memory_plan(memory_plan_of(cfg, placement))
+        plan = memory_plan_of(cfg, placement)
+        if cfg.spot_trains() and not plan.fits("trainer"):
+            raise ConfigError(f"spot.training_phase: spot workers that train hold the trainer's memory plan, "
+                              f"{plan.total_gib('trainer'):.1f} GiB > model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}; "
+                              "set spot.training_phase: explore, or a smaller train.micro_batch_size")
+        check_memory_plan(plan)
     if placement.sp_degree != 1:
         from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
 

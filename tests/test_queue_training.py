@@ -281,3 +281,17 @@ def test_an_update_with_nothing_to_train_on_reports_no_queue_accounting(update):
     finally:
         trainer.micro_batches = LocalMicroBatches()
     assert runner.metrics() == {}
+
+
+def test_spot_workers_that_cannot_hold_the_trainers_memory_plan_fail_at_start_up():
+    from roll_spotlight.startup import check_startup, memory_plan_of
+
+    cfg = tiny_config("spot.enabled=true", *LORA)
+    need = memory_plan_of(cfg).total_gib("trainer")
+    small = tiny_config("spot.enabled=true", *LORA, f"model.gpu_memory_gb={need / 2}")
+    with pytest.raises(ConfigError, match=r"spot.training_phase.*model.gpu_memory_gb"):
+        check_startup(small)
+    check_startup(tiny_config("spot.enabled=true", *LORA, f"model.gpu_memory_gb={need * 2}"))
+    explore = tiny_config("spot.enabled=true", *LORA, "spot.training_phase=explore", f"model.gpu_memory_gb={need / 2}")
+    with pytest.raises(ValueError, match="the trainer needs"):  # the trainer itself still does not fit
+        check_startup(explore)
