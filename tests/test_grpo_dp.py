@@ -6,6 +6,7 @@ instead of the global mean would weight rank 0's single sample 1/2 instead of 1/
 """
 from __future__ import annotations
 
+import datetime
 import os
 
 import numpy as np
@@ -81,7 +82,8 @@ def _rank_main(rank: int, world: int, problem_path: str, init_file: str, out_dir
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))  # a collective mismatch fails, not hangs 30 min
     try:
         policy, batch = torch.load(problem_path, weights_only=False)
         lo, hi = SHARDS[rank]

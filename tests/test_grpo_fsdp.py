@@ -11,6 +11,7 @@ its own and 3 zero-weight padding ones, so both ranks run the same FSDP collecti
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 
 import numpy as np
@@ -73,7 +74,8 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
     )
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg_init", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg_init", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))  # a collective mismatch fails, not hangs 30 min
     try:
         out = {}
         for scenario in SCENARIOS:

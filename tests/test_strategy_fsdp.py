@@ -6,6 +6,7 @@ round-trips. The default `replicate` path is tests/test_grpo_dp.py and tests/tes
 from __future__ import annotations
 
 import math
+import datetime
 import os
 
 import numpy as np
@@ -51,7 +52,8 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
     from roll_spotlight.training.grpo import AllReduceGradients
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg_init", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/pg_init", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))  # a collective mismatch fails, not hangs 30 min
     try:
         cfg = tiny_config(*OVERRIDES, "train.sharding=fsdp")
         store = RecordingStore() if rank == 0 else None

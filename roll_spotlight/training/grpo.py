@@ -283,9 +283,10 @@ class FlowGRPOTrainer:
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = plan_micro_batches(local, steps, self.cfg.micro_batch_size)
-        totals = self.micro_batches.run(self, batch, adv, norm, plan)
         chunks = len(plan) // len(steps)
-        padding = self.sync.micro_batches(chunks) - chunks  # FSDP: ranks run as many micro-steps
+        # FSDP: ranks run as many micro-steps; agreed before any of them, as the count is a collective too
+        padding = self.sync.micro_batches(chunks) - chunks
+        totals = self.micro_batches.run(self, batch, adv, norm, plan)
         for _ in range(padding):  # zero-weight micro-steps, so that every rank runs the same collectives
             for k in steps:
                 (self.loss.micro_loss(batch, adv, np.arange(1), k).loss * 0.0).backward()
