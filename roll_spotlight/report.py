@@ -153,7 +153,7 @@ def _sample_lines(run_dir: Path) -> list[str]:
 
 def _summary_lines(summary: dict) -> list[str]:
     b, f, p = summary["base"], summary["final"], summary["paired"]
-    bg = "val_bg_level" in b and "val_bg_level" in f
+    bg = all(k in e for k in ("val_bg_level", "val_bg_grid") for e in (b, f))
     head = "| | validation reward | strict accuracy |" + (" background level | background patch grid |" if bg else "")
 
     def row(name: str, e: dict) -> str:

@@ -43,9 +43,10 @@ class Evaluation:
 
     def summary(self) -> dict:
         out = {"val_reward": self.mean, "val_reward_se": self.stderr, "val_strict": self.strict_accuracy}
-        if self.background is not None:
-            level, grid = (float(np.nanmean(col)) if np.isfinite(col).any() else math.nan for col in self.background.T)
-            out |= {"val_bg_level": level, "val_bg_grid": grid}
+        # a measure no image defines (no clean background anywhere) is left out, never NaN
+        for key, col in zip(("val_bg_level", "val_bg_grid"), () if self.background is None else self.background.T):
+            if np.isfinite(col).any():
+                out[key] = float(np.nanmean(col))
         return out
 
 
