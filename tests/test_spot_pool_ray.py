@@ -86,7 +86,9 @@ def test_notice_at_step_3_commits_and_the_next_node_resumes_bit_identically(clus
     pool.poll(95.0)  # b joins (50 s); a's notice (90 s) with 5 s left
     assert launcher.wait_stopped("spot-z/a", TIMEOUT_S) == {"completed": 0, "committed": 1, "steps": 3,
                                                              "weight_fetches": 1, "groups_joined": 0,
-                                                             "peer_weight_copies": 0}
+                                                             "peer_weight_copies": 0, "micro_batches": 0,
+                                                             "micro_batches_refused": 0,
+                                                             "micro_batches_released": 0}
     (completion,) = wait_for_completion(queue, pool, 95.0)
     pool.poll(100.0)  # a's NODE_DOWN: it had handed everything over
     assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
