@@ -37,6 +37,7 @@ def test_spot_is_on_in_the_quickstart_with_the_synthetic_market_and_off_in_the_l
 
 def test_the_quickstart_explores_on_spot_as_the_product_ships():
     cfg = load_config(RunConfig, REPO / "configs" / "quickstart.yaml")
+    assert cfg.train.use_lora and cfg.spot_trains()  # spot workers train micro-batches beside the trainer
     assert cfg.exploration.mode == "stale" and cfg.exploration.adaptive
     assert cfg.exploration.seeds_per_prompt == 2 * cfg.train.group_size  # docs/learning.md: the study's pool
 
