@@ -137,7 +137,7 @@ def test_a_sum_stops_where_it_is_told_and_reports_only_what_finished(update):
 
 
 @pytest.mark.parametrize("override, needle", [
-    (("spot.training_phase=train",), "train.lora is off"),
+    (("spot.training_phase=train",), "train.use_lora is off"),
     ((*LORA, "spot.training_phase=train", "train.inner_epochs=2"), "train.inner_epochs=2"),
     ((*LORA, "spot.training_phase=train", "train.sharding=fsdp"), "train.sharding=fsdp"),
     (("spot.training_phase=sometimes",), "spot.training_phase"),

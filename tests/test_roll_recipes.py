@@ -330,7 +330,7 @@ def test_auto_with_several_trainer_ranks_explores_and_says_why():
 
 @pytest.mark.parametrize("change, fragment", [
     ({"spot": {"enabled": True, "training_phase": "sometimes"}}, "spot.training_phase"),
-    ({"spot": {"enabled": True, "training_phase": "train"}}, "train.lora is off"),
+    ({"spot": {"enabled": True, "training_phase": "train"}}, "train.use_lora is off"),
 ])
 def test_bad_spot_training_in_a_recipe_fails_naming_the_key(change, fragment):
     with pytest.raises(ConfigError) as err:

@@ -390,7 +390,7 @@ def spot_training_blocker(cfg: "RunConfig") -> str | None:
     """Why this run's updates cannot be trained by spot workers (None: they can)."""
     train = cfg.train
     if train.lora is None:
-        return ("train.lora is off, and full fine-tuning trains on the on-demand trainer only (every spot worker "
+        return ("train.use_lora is off, and full fine-tuning trains on the on-demand trainer only (every spot worker "
                 "would send the whole model's gradient); set train.use_lora: true")
     if train.inner_epochs != 1:
         return (f"train.inner_epochs={train.inner_epochs}: spot workers compute one epoch's micro-batches from the "

@@ -233,7 +233,7 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
         """The base model inside the block (the KL reference without a second copy); adapters and
         their requires_grad flags are restored on exit."""
         if self.lora is None:
-            raise ValueError("adapters_disabled: this policy has no LoRA adapters (train.lora is off)")
+            raise ValueError("adapters_disabled: this policy has no LoRA adapters (train.use_lora is off)")
         flags = {name: p.requires_grad for name, p in self.transformer.named_parameters()}
         self.transformer.disable_adapters()
         try:
@@ -248,7 +248,7 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
         `transformer.*`, the peft config as metadata): `QwenImagePipeline.load_lora_weights(directory)`
         loads them into an ordinary pipeline."""
         if self.lora is None:
-            raise ValueError("save_lora: this policy has no LoRA adapters (train.lora is off)")
+            raise ValueError("save_lora: this policy has no LoRA adapters (train.use_lora is off)")
         from diffusers import QwenImagePipeline
         from peft.utils import get_peft_model_state_dict
 
