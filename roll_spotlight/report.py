@@ -170,6 +170,10 @@ def _summary_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _count(n: float, noun: str) -> str:
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
+
+
 def _training_lines(rows: list[dict]) -> list[str]:
     """Queue training (`spot.training_phase`): who computed the updates' micro-batches."""
     rows = [r for r in rows if "train/micro_batches" in r]
@@ -190,8 +194,9 @@ def _training_lines(rows: list[dict]) -> list[str]:
     notices = sum(r.get("spot/notices_in_training", 0.0) for r in rows)
     kills = sum(r.get("spot/preemptions_in_training", 0.0) for r in rows)
     if notices or kills:
-        lines += [f"While updates trained the market sent {notices:g} notices and preempted {kills:g} spot nodes; "
-                  "every update still counted each of its micro-batches exactly once (the trainer asserts it).", ""]
+        lines += [f"While updates trained the market sent {_count(notices, 'notice')} and preempted "
+                  f"{_count(kills, 'spot node')}; every update still counted each of its micro-batches exactly once "
+                  "(the trainer asserts it).", ""]
     placed = [r for r in rows if "spot/placement" in r]
     if placed:
         lines += [f"Last placement (`spot.training_phase: auto`): {placed[-1]['spot/placement']}.", ""]
