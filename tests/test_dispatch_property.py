@@ -8,7 +8,7 @@ resumes must carry exactly the last accepted commit/checkpoint of its request.
 """
 from __future__ import annotations
 
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from roll_spotlight.dispatch import (
@@ -109,7 +109,8 @@ class Harness:
 
     def sum(self, name: str, x: int) -> None:
         """Report a gradient sum over some held TRAIN leases: all accepted, or none (and then the
-        ones still held go back to PENDING, none stays leased to this worker)."""
+        sum's leases still held go back to PENDING: none of them stays with this worker; a newer
+        lease of the same request, pulled after the old one expired, is not in the sum and stays)."""
         train = [lease for lease in self.held[name] if lease.request.kind is RequestKind.TRAIN][: 1 + x % 3]
         if not train:
             return
@@ -123,8 +124,8 @@ class Harness:
         else:
             event("gradient sum refused")
             self.refused_sums += 1
-            mine = {lease.request.request_id for lease in self.queue.leases_of(name)}
-            assert not mine & {r.request_id for r in results}
+            mine = {(lease.request.request_id, lease.lease_id) for lease in self.queue.leases_of(name)}
+            assert not mine & {(r.request_id, r.lease_id) for r in results}
 
     def tick(self, seconds: int) -> None:
         """Advance the clock; expiry must return exactly the leases a full scan finds overdue."""
@@ -200,6 +201,7 @@ class Harness:
 
 @settings(max_examples=150, deadline=None)
 @given(initial=st.integers(1, 8), ops=st.lists(OPS, min_size=10, max_size=80))
+@example(initial=2, ops=[("pull", "a", 0, 0)] * 7 + [("tick", "a", 11, 0), ("pull", "a", 0, 0), ("sum", "a", 0, 0)])
 def test_any_interleaving_completes_every_request_exactly_once(initial, ops):
     h = Harness()
     h.submit(initial)
@@ -215,3 +217,20 @@ def test_any_interleaving_completes_every_request_exactly_once(initial, ops):
     for completion in h.queue.take_results():  # gradient sums keep no output in the queue
         rid = completion.request.request_id
         assert completion.output == h.accepted[rid] == (rid, completion.lease_id)
+
+
+def test_a_refused_sum_over_an_expired_lease_leaves_the_newer_lease_of_the_same_request():
+    """Found by the property test: a worker's lease expires, it pulls the same request again, then
+    reports a sum over the old lease. The sum is refused; the new lease stays and completes once."""
+    h = Harness()
+    h.submit(2)                                   # request 1 is a training micro-batch
+    h.pull("a", 2)
+    old = next(lease for lease in h.held["a"] if lease.request.request_id == 1)
+    h.tick(11)                                    # past lease_s: both leases expire
+    h.pull("a", 2)
+    new = next(lease for lease in h.queue.leases_of("a") if lease.request.request_id == 1)
+    assert new.lease_id != old.lease_id
+    assert not h.queue.complete_all("a", [old.result((1, old.lease_id))])
+    assert [lease.lease_id for lease in h.queue.leases_of("a") if lease.request.request_id == 1] == [new.lease_id]
+    assert h.queue.complete_all("a", [new.result((1, new.lease_id))])
+    assert h.queue.stats().refused_reports == 1
