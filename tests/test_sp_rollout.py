@@ -388,7 +388,10 @@ def test_a_kill_without_notice_breaks_the_group_and_its_lease_goes_back_to_the_q
     ray.get(queue.submit.remote([_spec()]))
     _held(ray, launcher, "z/a")
     pool.poll(100.0)  # b is killed with no notice: the group breaks, a re-forms SP 2
-    assert pool.stats.preemptions == 1 and pool.stats.leases_requeued == 1
+    # Handed back exactly once: requeued by the kill, or committed by a's members when they leave
+    # the broken group first (ray.kill is asynchronous, so either may come first).
+    commits = ray.get(queue.stats.remote()).commits
+    assert pool.stats.preemptions == 1 and pool.stats.leases_requeued + commits == 1
     assert _degrees(launcher) == [2] and launcher.regroups[-1].broken
     assert ray.get(queue.counts.remote())[0] == 1, "the lease is pending again"
     pool.close(100.0)
