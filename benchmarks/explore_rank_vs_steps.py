@@ -72,7 +72,7 @@ def fresh_policy(cfg, base, updates: int, first_iteration: int):
         traj = generate(policy, prompts, seeds, train_spec(cfg.sampling, specs[0].schedule.window))
         rewards = np.asarray(reward(to_uint8_images(policy, traj.final), prompts).rewards, dtype=float)
         metrics = trainer.step(ScoredBatch(traj, prompts, np.repeat(np.arange(len(specs) // g), g), rewards,
-                                           cfg.sampling.noise_level, cfg.sampling.kind))
+                                           cfg.sampling.noise_level, cfg.sampling.kind)).metrics
         rows.append({"iteration": first_iteration + u, "reward_mean": float(rewards.mean()),
                      **{k: float(v) for k, v in metrics.items()}})
     policy.eval()

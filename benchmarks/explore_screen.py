@@ -106,7 +106,7 @@ def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baseli
         trainer = FlowGRPOTrainer(policy, cfg.train)
         t1 = time.monotonic()
         metrics = trainer.step(ScoredBatch(sub, pr, gid, rw, cfg.sampling.noise_level, cfg.sampling.kind,
-                                           baselines=base_arr))
+                                           baselines=base_arr)).metrics
         after_ev = evaluate(policy, val, reward, cfg.sampling)
         after = after_ev.rewards
         diff = after - before

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from roll_spotlight.spot import EventList, NodeEvent, Trace
+from roll_spotlight.runtime.faults import FaultPlan
 from roll_spotlight.spot.market import MarketConfig, SpotMarket
 from roll_spotlight.tools.cluster_soak import ClusterSoakConfig, check_machine, main, run_cluster_soak
 from roll_spotlight.tools.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb
@@ -126,7 +127,7 @@ def test_notice_drain_commit_node_gone_and_nothing_lost(tmp_path):
     trace = _trace((0.0, "add", "a"), (8.0, "remove", "a"), (600.0, "add", "later"))
     cfg = ClusterSoakConfig(minutes=0.25, speedup=1.0, nodes=1, gpus_per_node=2, sp_degree=2, notice_s=4.0,
                             num_steps=6, drain_timeout_s=60.0)
-    report = run_cluster_soak(cfg, trace, worker_kwargs=lambda node_id: {"hold_at_step": 3})
+    report = run_cluster_soak(cfg, trace, worker_kwargs=lambda node_id: {"faults": FaultPlan(hold_at_step=3)})
     summary = json.dumps({k: report[k] for k in ("cluster", "notices", "preemptions", "commits", "lost")})
     assert report["cluster"] == {"joins": 1, "notices": 1, "kills_after_notice": 1, "kills_without_notice": 0,
                                  "gone_before_kill": 0,  # its workers kept it busy to the deadline

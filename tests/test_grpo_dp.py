@@ -71,7 +71,7 @@ def _shard(batch: ScoredBatch, lo: int, hi: int, *, whole_rewards=None, whole_gr
 
 def _train(policy, batch: ScoredBatch, sync: GradientSync | None) -> dict:
     torch.manual_seed(0)
-    metrics = FlowGRPOTrainer(policy, CFG, sync).step(batch)
+    metrics = FlowGRPOTrainer(policy, CFG, sync).step(batch).metrics
     return {"metrics": metrics, "weights": {k: v.clone() for k, v in policy.state_dict().items()}}
 
 

@@ -88,7 +88,7 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
             torch.manual_seed(0)
             trainer = FlowGRPOTrainer(policy, CFG)
             plan = shard_trainer(trainer, ShardedGradients())
-            metrics = trainer.step(_shard(batch, *SHARDS[rank]))
+            metrics = trainer.step(_shard(batch, *SHARDS[rank])).metrics
             out[scenario] = {"metrics": metrics, "plan": plan, "sharded": is_sharded(policy),
                              "weights": full_tensors(policy.state_dict()),
                              "published": full_published_state(policy),
@@ -113,7 +113,7 @@ def runs(tmp_path_factory):
         mine = copy.deepcopy(policy)
         torch.manual_seed(0)
         trainer = FlowGRPOTrainer(mine, CFG)
-        metrics = trainer.step(batch)
+        metrics = trainer.step(batch).metrics
         reference[scenario] = {"metrics": metrics, "start": start, "weights": mine.state_dict(),
                                "published": mine.published_state(),
                                "numel": sum(p.numel() for p in trainer.params)}

@@ -8,7 +8,7 @@ micro-batch in plan order, and independent of the order in which sums arrive.
 
 Tier 1: the micro-batch plan, sums, combination and the config's start-up rules. Tier 3: a Ray
 update with a trainer, an on-demand and spot rollout workers, with a notice mid-sum and a kill
-without notice injected deterministically (`hold_at_micro_batch`).
+without notice injected deterministically (`runtime.faults`).
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def _reference_step(cfg, work):
 
     policy = prepare_policy(random_policy(cfg), policy_setup(cfg))
     trainer = FlowGRPOTrainer(policy, cfg.train)
-    metrics = trainer.step(work.batch)
+    metrics = trainer.step(work.batch).metrics
     return policy.published_state(), metrics
 
 
@@ -195,7 +195,9 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
     from roll_spotlight.models import save_policy
     from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import RolloutWorker
-    from roll_spotlight.runtime.queue_training import QueueMicroBatches, create_inbox
+    from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.faults import FaultPlan
+    from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.weights import WeightStore
 
     torch.set_num_threads(1)
@@ -216,13 +218,11 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
         handle = RolloutWorker.options(name=None).remote(name, source, queue, store, inbox=inbox, **kwargs)
         return handle, handle.serve.remote()  # the actors start side by side
 
-    spot = {name: worker(name, hold_at_micro_batch=1) for name in ("spot-a", "spot-b", "spot-c")}
+    spot = {name: worker(name, faults=FaultPlan(hold_at_micro_batch=1)) for name in ("spot-a", "spot-b", "spot-c")}
     trainer = FlowGRPOTrainer(policy, cfg.train)
-    runner = QueueMicroBatches(queue, inbox, pulls=False)
-    trainer.micro_batches = runner
-    runner.begin(0, work.schedule)
+    gradients = QueueTraining(queue, inbox, ModelCompute(policy, version=0), pulls=False).update(0, work.schedule)
     result: dict = {}
-    update = threading.Thread(target=lambda: result.update(trainer.step(work.batch)))
+    update = threading.Thread(target=lambda: result.update(done=trainer.step(work.batch, gradients)))
     update.start()
     for handle, _ in spot.values():
         assert ray.get(handle.wait_held.remote(120.0)), "a spot worker never reached its first micro-batch"
@@ -244,43 +244,58 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
     assert counters_a["micro_batches"] == 1 and counters_a["micro_batches_released"] == 1
     assert counters_c["micro_batches"] == 0 and counters_c["micro_batches_refused"] == 1
     assert counters_od["micro_batches"] == m - 1  # everything else, b's two leases included
-    assert runner.last["micro_batches"] == {"spot-a": 1, "od-0": m - 1}
-    assert ray.get(inbox.stats.remote())["reports_refused"] == 1
+    done = result["done"]
+    assert {w: n for w, (n, _) in done.contributions.by_worker.items()} == {"spot-a": 1, "od-0": m - 1}
+    assert done.contributions.refused == 1 and ray.get(inbox.stats.remote())["reports_refused"] == 1
     for name, tensor in policy.published_state().items():
         torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)
-    assert result["trained_samples"] == expected_metrics["trained_samples"]
-    assert result["loss"] == pytest.approx(expected_metrics["loss"], rel=RTOL, abs=ATOL)
+    assert done.metrics["trained_samples"] == expected_metrics["trained_samples"]
+    assert done.metrics["loss"] == pytest.approx(expected_metrics["loss"], rel=RTOL, abs=ATOL)
 
 
 def test_the_training_split_counts_spot_and_on_demand_micro_batches_and_the_time_spot_saved():
-    """The one split both hosts report (`runtime.queue_training.training_split`): spot work is
-    valued at the on-demand participants' measured rate (here 4/2 + 2/1 = 4 micro-batches/s)."""
-    from roll_spotlight.runtime.queue_training import training_split
+    """The one split both hosts report (`runtime.reports.split_training`): spot work is valued at
+    the on-demand participants' measured rate (here 4/2 + 2/1 = 4 micro-batches/s)."""
+    from roll_spotlight.runtime.reports import split_training
+    from roll_spotlight.training.micro_batches import Contributions
 
     by_worker = {"trainer": (4, 2.0), "actor_infer-0": (2, 1.0), "spot-z/a": (3, 9.0), "gen0/spot/sp0": (3, 1.0)}
-    split = training_split(by_worker, lambda worker: worker.startswith(("spot-", "gen")))
-    assert split == {"train/micro_batches_spot": 6.0, "train/micro_batches_ondemand": 6.0, "train/workers": 4.0,
-                     "train/spot_workers": 2.0, "train/spot_saved_s": 1.5}
-    assert training_split({"trainer": (8, 0.0)}, lambda worker: False)["train/spot_saved_s"] == 0.0
+    split = split_training(Contributions(by_worker, refused=1, wall_s=3.0), lambda w: w.startswith(("spot-", "gen")))
+    assert split.metrics() == {"train/micro_batches": 12.0, "train/micro_batches_spot": 6.0,
+                               "train/micro_batches_ondemand": 6.0, "train/micro_batches_trainer": 4.0,
+                               "train/workers": 4.0, "train/spot_workers": 2.0, "train/spot_saved_s": 1.5,
+                               "train/reports_refused": 1.0, "train/queue_phase_s": 3.0}
+    assert split_training(Contributions({"trainer": (8, 0.0)}), lambda worker: False).spot_saved_s == 0.0
 
 
-def test_an_update_with_nothing_to_train_on_reports_no_queue_accounting(update):
-    """Every group zero-std: the trainer skips the step before any micro-batch exists, and the
-    queue runner's metrics are empty rather than the previous update's (or a KeyError)."""
-    from roll_spotlight.runtime.queue_training import QueueMicroBatches
-    from roll_spotlight.training.micro_batches import LocalMicroBatches
+def test_an_update_with_nothing_to_train_on_asks_its_source_for_nothing(update):
+    """Every group zero-std: the trainer skips the step before any micro-batch exists, so the
+    source is never called and the result carries no contributions (no split to report)."""
+    trainer, work = update
+    calls = []
+    flat = dataclasses.replace(work.batch, rewards=np.zeros(len(work.batch.rewards)))
+    result = trainer.step(flat, source=calls.append)
+    assert result.metrics["skipped"] == 1.0 and result.contributions is None and calls == []
+
+
+def test_a_source_gives_the_update_its_gradient_and_says_who_computed_it(update):
+    """`FlowGRPOTrainer.step(batch, source)`: the source's sums become the update, equal to the
+    one-trainer update within the tolerance; the trainer writes its own parameters' gradients."""
+    from roll_spotlight.training.micro_batches import Contributions, UpdateSums
 
     trainer, work = update
-    runner = QueueMicroBatches(queue=None, inbox=None)
-    runner.last = {"micro_batches": {"trainer": 3}, "seconds": {"trainer": 1.0}, "refused": 0, "wall_s": 1.0}
-    runner.begin(1, work.schedule)
-    flat = dataclasses.replace(work.batch, rewards=np.zeros(len(work.batch.rewards)))
-    trainer.micro_batches = runner
-    try:
-        assert trainer.step(flat)["skipped"] == 1.0
-    finally:
-        trainer.micro_batches = LocalMicroBatches()
-    assert runner.metrics() == {}
+    cfg = lora_config()
+    params = named_trained(trainer)
+    mbs = list(work.micro_batches)
+    sums = [compute_sum(trainer.loss, params, work, mbs[0::2], "a"), compute_sum(trainer.loss, params, work, mbs[1::2], "b")]
+    reference, _ = trainer_and_work(cfg)
+    want = reference.step(work.batch).metrics
+    mine, _ = trainer_and_work(cfg)
+    got = mine.step(work.batch, source=lambda plan: UpdateSums(tuple(sums), Contributions.of(sums, 0, 1.0)))
+    assert got.contributions.by_worker.keys() == {"a", "b"}
+    assert got.metrics["loss"] == pytest.approx(want["loss"], rel=RTOL, abs=ATOL)
+    for name, tensor in mine.policy.published_state().items():
+        torch.testing.assert_close(tensor, reference.policy.published_state()[name], rtol=RTOL, atol=ATOL)
 
 
 def test_spot_workers_that_cannot_hold_the_trainers_memory_plan_fail_at_start_up():

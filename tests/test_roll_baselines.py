@@ -63,8 +63,8 @@ def test_train_strategy_normalises_by_the_baselines_like_the_local_trainer():
     cfg = tiny_config()
     outputs, prompts, group_ids, rewards, baselines = _batch(cfg)
     strategy = DiffusersTrainStrategy(cfg, random_policy(cfg))
-    got = strategy.train(outputs, prompts, group_ids, rewards, baselines)
-    want = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards, baselines)
-    own = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards)
+    got = strategy.train(outputs, prompts, group_ids, rewards, baselines).metrics
+    want = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards, baselines).metrics
+    own = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards).metrics
     assert got == want and strategy.weight_version == 1
     assert got["grad_norm"] != own["grad_norm"]  # the baselines changed the update

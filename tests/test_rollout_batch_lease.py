@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
+from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -104,10 +105,10 @@ def test_a_batch_of_four_drains_the_queue_with_the_outputs_of_single_pulls(clust
 
 def test_a_notice_mid_batch_completes_commits_and_releases_and_another_worker_finishes(cluster):
     # one batch of four: request 0 (4 steps) finishes, request 1 (8 steps) parks at step 5 and gets
-    # the notice, requests 2 and 3 are not started. hold_at_step=5 is never reached by 4 steps.
+    # the notice, requests 2 and 3 are not started. a hold at step 5 is never reached by 4 steps.
     specs = _specs([4, 8, 8, 8])
     queue = _queue(4)
-    first = _worker(cluster, queue, "first", hold_at_step=5)
+    first = _worker(cluster, queue, "first", faults=FaultPlan(hold_at_step=5))
     serving = first.serve.remote()
     ray.get(queue.submit.remote(specs))
     assert ray.get(first.wait_held.remote(TIMEOUT_S)), "request 1 never reached step 5"

@@ -20,6 +20,7 @@ from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process
 from roll_spotlight.elastic.rendezvous import RendezvousHost
 from roll_spotlight.elastic.ulysses import is_ulysses_applied
 from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
+from roll_spotlight.runtime.faults import FaultPlan
 from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup, check_sp_degree, group_memberships
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
 
@@ -206,7 +207,7 @@ def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_clust
         "every follower ran each of its leader's steps"
 
 
-def _store_and_queue(cfg):
+def _store_and_queue(cfg, lease_s: float = 60.0):
     """The weight store with version 0 (the reference weights) and a queue actor."""
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.actor import create_queue_actor
@@ -214,7 +215,7 @@ def _store_and_queue(cfg):
 
     store = WeightStore.create(keep=1)
     store.publish(0, random_policy(cfg, seed=5).state_dict())
-    return store, create_queue_actor(QueueConfig(lease_s=60.0))
+    return store, create_queue_actor(QueueConfig(lease_s=lease_s))
 
 
 def _group_actors(path, queue, store, host, name: str, size: int, hold_rank: int) -> list:
@@ -225,7 +226,7 @@ def _group_actors(path, queue, store, host, name: str, size: int, hold_rank: int
     members = group_memberships(host.address, f"{name}#1", size, timeout_s=60)
     return [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
         f"{name}-{r}", str(path), queue, store, sp=members[r], group_name=f"{name}-0",
-        hold_at_step=3 if r == hold_rank else None) for r in range(size)]
+        faults=FaultPlan(hold_at_step=3) if r == hold_rank else None) for r in range(size)]
 
 
 def _group_noticed_at_step_3(ray, path, queue, store, host, name: str, size: int, hold_rank: int):
@@ -277,10 +278,11 @@ def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resum
 
 
 def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, int], no_notice: bool = False,
-               min_degree: int = 1, inbox=None, hold_kind: str = "hold_at_step"):
+               min_degree: int = 1, inbox=None, hold_kind: str = "hold_at_step", timeout_s: float = 60.0):
     """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
     to ``degree``; ``hold`` parks a node's workers after that step (node id -> step; ``hold_kind``
-    "hold_at_micro_batch": after that many training rounds); ``inbox``: queue training."""
+    "hold_at_micro_batch": after that many training rounds, `runtime.faults`); ``inbox``: queue
+    training."""
     from roll_spotlight.runtime.spot_pool import elastic_groups_config
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
     from roll_spotlight.spot import EventList, MarketConfig, SpotMarket, Trace
@@ -288,10 +290,11 @@ def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, in
 
     trace = Trace(name="nodes", kind="events", measures="running", provider="aws",
                   zones={"z": EventList(tuple(rows), 0.0, 200.0)}, gpu_type="V100")
-    elastic = elastic_groups_config(cfg.model, degree, timeout_s=60.0, cuda=False, min_degree=min_degree)
+    elastic = elastic_groups_config(cfg.model, degree, timeout_s=timeout_s, cuda=False, min_degree=min_degree)
     launcher = RayWorkerLauncher(path if isinstance(path, dict) else str(path), queue, store, gpus_per_node=2,
                                  elastic=elastic, inbox=inbox,
-                                 worker_kwargs=lambda node: {hold_kind: hold[node]} if node in hold else {})
+                                 worker_kwargs=lambda node: {"faults": FaultPlan(**{hold_kind: hold[node]})}
+                                 if node in hold else {})
     market = SpotMarket(trace, MarketConfig(notice_s=10.0))
     config = SpotPoolConfig(gpus_per_node=2, no_notice=no_notice)
     return launcher, ElasticSpotPool(MarketSchedule(market), launcher, config=config)
@@ -380,9 +383,12 @@ def test_a_kill_without_notice_breaks_the_group_and_its_lease_goes_back_to_the_q
     from roll_spotlight.spot import NodeEvent
 
     ray, path = ray_cluster
-    store, queue = _store_and_queue(cfg)
+    # the lease outlives the survivors' wait for their dead peers (the group's timeout), so it is
+    # still the broken group's when the regroup hands it back
+    store, queue = _store_and_queue(cfg, lease_s=600.0)
     rows = (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"), NodeEvent(100.0, "remove", "b"))
-    launcher, pool = _spot_pool(cfg, path, queue, store, rows, degree=4, hold={"z/a": 3}, no_notice=True)
+    launcher, pool = _spot_pool(cfg, path, queue, store, rows, degree=4, hold={"z/a": 3}, no_notice=True,
+                                timeout_s=20.0)
     pool.poll(0.0)
     assert launcher.wait_ready(180) and _degrees(launcher) == [4]
     ray.get(queue.submit.remote([_spec()]))
@@ -459,7 +465,7 @@ def test_an_elastic_group_losing_a_node_mid_rollout_goes_4_2_4_and_ends_bit_iden
     holds = {("n1", 1): 2, ("n0", 1): 4}  # parked after these steps, until a notice or a leave
     members = [("n0", 0), ("n0", 1), ("n1", 0), ("n1", 1)]
     first = {m: RolloutWorker.options(resources={ONDEMAND: 1}).remote(
-        f"{m[0]}-{m[1]}", str(path), queue, store, hold_at_step=holds.get(m)) for m in members}
+        f"{m[0]}-{m[1]}", str(path), queue, store, faults=FaultPlan(hold_at_step=holds.get(m))) for m in members}
     groups = ElasticGroups(ElasticGroupsConfig(num_heads=4, preferred_degree=4, name="t424"), host, queue)
     groups.add(first)
     assert groups.regroup().formed == ("gen0/t424/sp0",)
@@ -509,7 +515,7 @@ def test_a_group_trains_its_leases_data_parallel_and_the_leader_holds_the_group_
     and the leader's sum covers exactly that round's two micro-batches."""
     import copy
 
-    from roll_spotlight.runtime.queue_training import group_sum, trained_parameters
+    from roll_spotlight.runtime.compute import group_sum, trained_parameters
     from roll_spotlight.training.grpo import GRPOLoss, trainable_parameters
     from roll_spotlight.training.micro_batches import compute_sum
     from tests.test_queue_training import ATOL, RTOL, lora_config, named_trained, trainer_and_work
@@ -528,7 +534,8 @@ def test_a_group_trains_its_leases_data_parallel_and_the_leader_holds_the_group_
         params = trained_parameters(policy, trainable_parameters(policy, cfg.train.trainable))
         rounds = iter(range(1, 100))
         notice = lambda: rank == 1 and notice_after_round is not None and next(rounds) == notice_after_round  # noqa: E731
-        out = group_sum(GRPOLoss(policy, cfg.train), params, work, leases, group, "g-0", notice)
+        micro_batches = [lease.request.micro_batch for lease in leases]
+        out = group_sum(GRPOLoss(policy, cfg.train), params, work, micro_batches, group, "g-0", notice)
         group.close()
         return out
 
@@ -558,7 +565,8 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     from roll_spotlight.models import save_policy
     from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
-    from roll_spotlight.runtime.queue_training import QueueMicroBatches, create_inbox
+    from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.training.grpo import FlowGRPOTrainer
     from roll_spotlight.weights import WeightStore
     from tests.test_queue_training import ATOL, RTOL, _reference_step, lora_config, trainer_and_work
@@ -578,13 +586,12 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     members = group_memberships(host.address, "gt#1", 2, timeout_s=60)
     group = [RolloutWorker.options(resources={SPOT: 1}).remote(
         f"g-{r}", source, queue, store, sp=members[r], group_name="g-0", inbox=inbox,
-        hold_at_micro_batch=1 if r == 1 else None) for r in range(2)]
+        faults=FaultPlan(hold_at_micro_batch=1) if r == 1 else None) for r in range(2)]
     serving = [w.serve.remote() for w in group]
     trainer = FlowGRPOTrainer(policy, cfg.train)
-    runner = QueueMicroBatches(queue, inbox, pulls=False)
-    trainer.micro_batches = runner
-    runner.begin(0, work.schedule)
-    update = threading.Thread(target=trainer.step, args=(work.batch,))
+    updates = QueueTraining(queue, inbox, ModelCompute(policy, version=0), pulls=False)
+    result = {}
+    update = threading.Thread(target=lambda: result.update(done=trainer.step(work.batch, updates.update(0, work.schedule))))
     update.start()
     assert ray.get(group[1].wait_held.remote(120.0)), "the group never finished its first round"
     group[1].notify_preemption.remote(30.0)
@@ -601,7 +608,7 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     assert follower["micro_batches"] == 0, "the leader reports for the group"
     follower_train = [e for e in ray.get(group[1].timeline.remote()) if e["phase"] == "train"]
     assert [e["micro_batches"] for e in follower_train] == [2], "rank 1 took part in the group's round"
-    assert runner.last["micro_batches"] == {"g-0": 2, "solo": m - 2}
+    assert {w: n for w, (n, _) in result["done"].contributions.by_worker.items()} == {"g-0": 2, "solo": m - 2}
     for name, tensor in policy.published_state().items():
         torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)
     for worker in [*group, solo]:
@@ -620,7 +627,8 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     from roll_spotlight.dispatch.actor import create_queue_actor
     from roll_spotlight.models import save_policy
     from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
-    from roll_spotlight.runtime.queue_training import QueueMicroBatches, create_inbox
+    from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.spot import NodeEvent
     from roll_spotlight.training.grpo import FlowGRPOTrainer
     from roll_spotlight.weights import WeightStore
@@ -643,10 +651,9 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     pool.poll(0.0)
     assert launcher.wait_ready(180) and _degrees(launcher) == [4]
     trainer = FlowGRPOTrainer(policy, cfg.train)
-    runner = QueueMicroBatches(queue, inbox, pulls=False)
-    trainer.micro_batches = runner
-    runner.begin(0, work.schedule)
-    update = threading.Thread(target=trainer.step, args=(work.batch,))
+    updates = QueueTraining(queue, inbox, ModelCompute(policy, version=0), pulls=False)
+    result = {}
+    update = threading.Thread(target=lambda: result.update(done=trainer.step(work.batch, updates.update(0, work.schedule))))
     update.start()
     _held(ray, launcher, "z/a")  # the group of 4 finished round 1 of its eight leases
     pool.poll(100.0)  # b is killed with no notice: the group breaks, a re-forms SP 2
@@ -655,8 +662,9 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     update.join(timeout=300)
     assert not update.is_alive(), "the update never finished"
     survivors = launcher.regroups[-1].formed
-    assert set(runner.last["micro_batches"]) == set(survivors)
-    assert sum(runner.last["micro_batches"].values()) == len(work.micro_batches)
+    by_worker = {w: n for w, (n, _) in result["done"].contributions.by_worker.items()}
+    assert set(by_worker) == set(survivors)
+    assert sum(by_worker.values()) == len(work.micro_batches)
     assert ray.get(inbox.stats.remote()).get("reports_refused", 0) == 0
     for name, tensor in policy.published_state().items():
         torch.testing.assert_close(tensor, expected[name], rtol=RTOL, atol=ATOL)

@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.config.run import SpotConfig  # noqa: E402
+from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -55,7 +56,7 @@ def test_cluster_pool_follows_the_spot_node_and_its_drain_is_the_notice(spot_hea
     queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
     spot = SpotConfig(enabled=True, source="cluster", gpu_type="H100", spot_usd_per_gpu_hour=2.0)
     training = start_training_pool(spot, path, queue, store, ondemand_gpus=1,
-                                   worker_kwargs=lambda node: {"hold_at_step": 3})
+                                   worker_kwargs=lambda node: {"faults": FaultPlan(hold_at_step=3)})
     name = f"spot-{spot_head_node}"
     assert training.pool.serving == 1 and list(training.pool.launcher.workers) == [name]
     spec = RequestSpec(0, "two red circles", 99, Schedule(num_steps=6, noise_level=0.7), 0, RequestKind.ROLLOUT, 0)

@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
+from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
 from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher  # noqa: E402
 from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig  # noqa: E402
 from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace  # noqa: E402
@@ -53,7 +54,7 @@ def start_pool(cluster, *, hold_at: int, commit_every: int, no_notice: bool):
 
     queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
     launcher = RayWorkerLauncher(cluster["path"], queue, cluster["store"], commit_every=commit_every,
-                                 worker_kwargs=lambda node: {"hold_at_step": hold_at} if node == "z/a" else {})
+                                 worker_kwargs=lambda node: {"faults": FaultPlan(hold_at_step=hold_at)} if node == "z/a" else {})
     pool = ElasticSpotPool(MarketSchedule(two_node_market(notice_s=10.0)), launcher,
                            config=SpotPoolConfig(no_notice=no_notice))
     pool.poll(0.0)  # starts worker a
@@ -135,7 +136,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     store.publish(0, trained.published_state())
     queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
     launcher = RayWorkerLauncher(to_dict(model), queue, store,
-                                 worker_kwargs=lambda node: {"hold_at_step": 3} if node == "z/a" else {})
+                                 worker_kwargs=lambda node: {"faults": FaultPlan(hold_at_step=3)} if node == "z/a" else {})
     pool = ElasticSpotPool(MarketSchedule(two_node_market(notice_s=10.0)), launcher, config=SpotPoolConfig())
     pool.poll(0.0)
     assert launcher.wait_ready(TIMEOUT_S)

@@ -13,6 +13,7 @@ import pytest
 
 from roll_spotlight.config.strict import ConfigError, load_config
 from roll_spotlight.dispatch.queue import QueueStats
+from roll_spotlight.runtime.faults import FaultPlan
 from roll_spotlight.runtime.spot_pool import TrainingSpotPool, training_market, training_notice_s, training_prices
 from roll_spotlight.spot.market import MIN_NOTICE_S
 from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
@@ -312,7 +313,7 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
     ref_outputs = recorded(reference)
     ref = Coordinator(off, reference, tmp_path / "off", progress=False).run()
 
-    hold = lambda node: {"hold_at_step": HOLD_AT_STEP} if node == "synthetic/n0" else {}  # noqa: E731
+    hold = lambda node: {"faults": FaultPlan(hold_at_step=HOLD_AT_STEP)} if node == "synthetic/n0" else {}  # noqa: E731
     backend = RayBackend(cfg, save_random_policy(cfg, tmp_path / "policy.pt"), RayClusterConfig(ondemand_workers=1, trainer_threads=1),
                          spot_market=one_spot_node_market(cfg.spot), spot_clock=CountingClock(),
                          spot_worker_kwargs=hold)

@@ -62,7 +62,7 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
         lo, hi = (0, half) if rank == 0 else (half, len(outputs))
         # a rank that starts elsewhere takes rank 0's weights
         strategy = DiffusersTrainStrategy(cfg, random_policy(cfg, seed=rank), store, AllReduceGradients())
-        metrics = strategy.train(outputs[lo:hi], prompts[lo:hi], groups, rewards)
+        metrics = strategy.train(outputs[lo:hi], prompts[lo:hi], groups, rewards).metrics
         digest = strategy.weights_digest()
         strategy.save(os.path.join(tmp, "ckpt.pt"))
         dist.barrier()  # rank 0 has written the file
@@ -87,7 +87,7 @@ def runs(tmp_path_factory):
     torch.save(batch, tmp / "batch.pt")
     store = RecordingStore()
     one = DiffusersTrainStrategy(cfg, random_policy(cfg), store)
-    metrics = one.train(*batch)
+    metrics = one.train(*batch).metrics
     reference = {"metrics": metrics, "digest": one.weights_digest(), "versions": store.versions}
     mp.spawn(_rank_main, args=(2, str(tmp)), nprocs=2, join=True)
     ranks = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]

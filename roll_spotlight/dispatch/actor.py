@@ -349,3 +349,8 @@ class QueueClient:
 
     def release(self) -> int:
         return ray.get(self.handle.release.remote(self.worker))
+
+    def notify_preemption(self, seconds_left: float) -> None:
+        """This worker goes ``seconds_left`` from now: the queue leases it nothing more. Not
+        awaited: the worker commits its lease in flight meanwhile."""
+        self.handle.notify_preemption.remote(self.worker, seconds_left)

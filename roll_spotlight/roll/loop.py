@@ -18,7 +18,7 @@ explored with the weights of t) proceeds while it trains, through the same dispa
 With queue training (``spot.training_phase``, `runtime.queue_training`) the trainer rank submits
 the update's micro-batches to the same queue; while the driver waits for the update it ticks the
 dispatch, which keeps the actor_infer ranks draining (they compute micro-batches too), and the
-update's metrics say who trained what (`training_split`, as the Ray backend's).
+update's report says who trained what (`runtime.reports.update_report`, as the Ray backend's).
 `drive` is the single switch point between the pipeline and the loop.
 """
 from __future__ import annotations
@@ -30,6 +30,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 import ray
+
+from roll_spotlight.runtime.reports import UpdateReport, update_report
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.02  # how often the driver ticks while it waits for an update
@@ -219,22 +221,18 @@ class RollClusterBackend:
         self.dispatch.tick()
         return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)
 
-    def finish_train(self, handle) -> dict:
+    def finish_train(self, handle) -> UpdateReport:
         """Wait for the update, ticking the dispatch (with queue training the actor_infer ranks'
-        drains compute micro-batches meanwhile), then its metrics with who trained what."""
-        from roll_spotlight.runtime.queue_training import BY_WORKER, training_split
-
+        drains compute micro-batches meanwhile), then its report with who trained what."""
         refs, t0 = handle
         while self.training(handle):
             time.sleep(POLL_S)
-        metrics, self.weight_version = ray.get(refs)[0]  # every rank reports the same (global) metrics
+        result, self.weight_version = ray.get(refs)[0]  # every rank reports the same (global) metrics
         self._phase("train", t0)
-        if BY_WORKER in metrics:
-            metrics = metrics | training_split(metrics.pop(BY_WORKER), self.dispatch.is_spot)
-        metrics = metrics | self.dispatch.metrics()
-        self.tracker.log(values={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        report = update_report(result, self.dispatch.is_spot, self.dispatch.metrics())
+        self.tracker.log(values={k: v for k, v in report.metrics.items() if isinstance(v, (int, float))},
                          step=self.weight_version)
-        return metrics
+        return report
 
     def evaluate(self):
         t0 = time.monotonic()

@@ -8,10 +8,10 @@ patch that lets it name ours). These classes need torch and diffusers but not RO
 runtime's host-independent parts, so a ROLL worker computes exactly what the in-process backend
 computes.
 
-- `DiffusersRolloutStrategy`: runs rollout requests one by one with the runtime's
-  ``RolloutExecutor`` (batch size 1: a rollout is a pure function of weights, prompt, seed and
+- `DiffusersRolloutStrategy`: runs rollout requests one by one on the runtime's
+  ``ModelCompute`` (batch size 1: a rollout is a pure function of weights, prompt, seed and
   schedule on every worker), either a static share of a batch (through a rank-local queue) or
-  pulled from the run's shared request queue (``drain``).
+  pulled from the run's shared request queue by the runtime's worker loop (``drain``).
 - `DiffusersTrainStrategy`: the runtime's ``TrainerCore`` (Flow-GRPO update, validation, state).
 """
 from __future__ import annotations
@@ -50,34 +50,36 @@ class DiffusersRolloutStrategy:
 
     def __init__(self, cfg: RunConfig, policy, store=None) -> None:
         from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
-        from roll_spotlight.runtime.executor import RolloutExecutor
+        from roll_spotlight.runtime.compute import ModelCompute
 
-        self.cfg, self.policy, self.store = cfg, policy, store
-        self.executor = RolloutExecutor(policy)
+        self.cfg, self.policy = cfg, policy
+        version = None if store is not None and policy.lora is not None else 0
+        self.compute = ModelCompute(policy, store, version=version)
         self.queue = RequestQueue(QueueConfig())
-        self.weight_version: int | None = None if store is not None and policy.lora is not None else 0
         self.sp_group = None
-        self.training = None  # queue training: a `runtime.queue_training.WorkerTraining`
+        self.sink = None  # queue training: a `runtime.queue_training.InboxSink`
 
     def use_queue_training(self, inbox) -> None:
         """Compute the micro-batches of updates this rank pulls (`runtime.queue_training`)."""
-        from roll_spotlight.runtime.queue_training import WorkerTraining
+        from roll_spotlight.runtime.queue_training import InboxSink
 
-        self.training = WorkerTraining(self.policy, inbox)
+        self.sink = InboxSink(inbox)
 
     def join_sp(self, membership) -> None:
         """Become one rank of an SP rollout group (`runtime.sp_group`); blocks until all joined.
         The group's ranks are then given the same requests: every rank denoises each image with
         its share of the tokens, and only the leader (rank 0) decodes and returns results."""
-        from roll_spotlight.runtime.sp_group import SPRolloutGroup
-
         if self.sp_group is not None:
             self.sp_group.close()
-        self.sp_group = SPRolloutGroup(self.policy, membership)
+        self.sp_group = self.compute.join_group(membership)
 
     @property
     def leader(self) -> bool:
         return self.sp_group is None or self.sp_group.leader
+
+    @property
+    def weight_version(self) -> int | None:
+        return self.compute.version
 
     @classmethod
     def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersRolloutStrategy":
@@ -91,63 +93,22 @@ class DiffusersRolloutStrategy:
         return drain_local(self.queue, specs, self._run)
 
     def drain(self, client) -> int:
-        """Pull from the shared queue (a ``QueueClient``) until it has nothing pending; returns how
-        many requests ran. A batch of TRAIN leases (queue training) becomes one gradient sum
-        reported to the inbox (`runtime.queue_training.WorkerTraining`). In an SP group the leader
-        pulls and shares each batch (empty: the drain ends on every rank), the ranks train a TRAIN
-        batch data-parallel, and the others' ``client`` is not used."""
-        from roll_spotlight.dispatch.requests import RequestKind
+        """The worker loop (`runtime.worker_loop`) over the shared queue (a ``QueueClient``) until
+        a pull leases nothing; returns how many requests ran here. An on-demand rank is never
+        stopped early; in an SP group the leader pulls and the others' ``client`` is not used."""
+        from roll_spotlight.runtime.worker_loop import WorkerLoop
 
-        count = 0
-        while leases := self._pull(client):
-            train = leases[0].request.kind is RequestKind.TRAIN  # a batch never mixes TRAIN with other kinds
-            count += self._train(client, leases) if train else self._roll_out(client, leases)
-        return count
-
-    def _pull(self, client) -> list:
-        """This rank's next batch (``dispatch.pull_batch`` requests; TRAIN only with an inbox)."""
-        from roll_spotlight.dispatch.requests import RequestKind
-        from roll_spotlight.runtime.queue_training import TRAIN_ONLY, group_batch
-
-        kinds = None if self.training is not None else tuple(k for k in RequestKind if k is not RequestKind.TRAIN)
-        if self.sp_group is None:
-            return client.pull_batch(kinds=kinds)
-        size = self.sp_group.size
-        return self.sp_group.lead(lambda: group_batch(client.pull_batch(kinds=kinds), size,
-                                                      lambda n: client.pull(n, kinds=TRAIN_ONLY)))
-
-    def _roll_out(self, client, leases: list) -> int:
-        for i, lease in enumerate(leases):
-            if i and self.leader:
-                client.heartbeat()  # the batch's later leases must not expire while earlier ones run
-            output = self._run(lease)
-            if self.leader:
-                client.complete(lease, output)
-        return len(leases) if self.leader else 0
-
-    def _train(self, client, leases: list) -> int:
-        """An on-demand rank never stops early: every lease ends in the sum."""
-        self._ensure_version(leases[0].request.weight_version)
-        ran, accepted = self.training.run(client.worker, leases, lambda: False, self.sp_group)
-        return ran if accepted else 0
+        loop = WorkerLoop(client, self.compute, sink=self.sink)
+        counters = loop.run(idle=lambda: True, group=self.sp_group)
+        return counters["completed"] + counters["micro_batches"] if self.leader else 0
 
     def _run(self, lease):
         from roll_spotlight.runtime.executor import Finished
 
-        self._ensure_version(lease.request.weight_version)
-        outcome = self.executor.run(lease, decode=self.leader)
+        self.compute.hold_version(lease.request.weight_version)
+        outcome = self.compute.rollout(lease, decode=self.leader)
         assert isinstance(outcome, Finished), "an on-demand ROLL rank is never asked to stop"
         return outcome.output
-
-    def _ensure_version(self, version: int) -> None:
-        if version == self.weight_version:
-            return
-        if self.store is None:
-            raise ValueError(f"weight version {version} requested but this rank has no weight store "
-                             f"(it holds version {self.weight_version})")
-        self.policy.load_published_state(self.store.fetch(version))
-        self.executor.invalidate()
-        self.weight_version = version
 
 
 class DiffusersTrainStrategy:
@@ -175,6 +136,7 @@ class DiffusersTrainStrategy:
             sync.replicate(policy)
             self.core.trainer.sync = sync
         self.store = store
+        self.queue = None  # queue training (use_queue_training)
         self.publish()
 
     @classmethod
@@ -186,12 +148,13 @@ class DiffusersTrainStrategy:
         return self.core.weight_version
 
     def use_queue_training(self, queue, inbox) -> None:
-        """Train every update through `queue` (`runtime.queue_training.QueueMicroBatches`): this
+        """Train every update through `queue` (`runtime.queue_training.QueueTraining`): this
         rank pulls its micro-batches with the actor_infer ranks and spot workers, adds every
         accepted sum, clips, steps and publishes as before."""
-        from roll_spotlight.runtime.queue_training import QueueMicroBatches
+        from roll_spotlight.runtime.compute import ModelCompute
+        from roll_spotlight.runtime.queue_training import QueueTraining
 
-        self.core.use_queue(QueueMicroBatches(queue, inbox))
+        self.queue = QueueTraining(queue, inbox, ModelCompute(self.core.policy, version=self.core.weight_version))
 
     def publish(self) -> None:
         if self.sharded:  # every rank gathers the whole tensors (adapters only with LoRA)
@@ -202,15 +165,16 @@ class DiffusersTrainStrategy:
             self.store.publish(self.core.weight_version,
                                state if self.sharded else self.core.policy.published_state())
 
-    def train(self, outputs: list, prompts: list[str], group_ids, rewards, baselines=None) -> dict:
-        """`outputs`/`prompts`: this rank's shard (all of them on one rank); `rewards`, `group_ids` and
-        `baselines` (per-sample advantage baselines, `exploration.baseline: pool`, or None): the batch."""
+    def train(self, outputs: list, prompts: list[str], group_ids, rewards, baselines=None):
+        """One update (a `training.grpo.UpdateResult`). `outputs`/`prompts`: this rank's shard (all
+        of them on one rank); `rewards`, `group_ids` and `baselines` (per-sample advantage
+        baselines, `exploration.baseline: pool`, or None): the batch."""
         ranks = self.core.trainer.sync.world_size
         if len(rewards) < ranks:  # checked on every rank alike, before any collective, so none hangs
             raise ValueError(f"{ranks} trainer ranks but {len(rewards)} samples in the batch; every rank needs one")
-        metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
+        result = self.core.train(outputs, prompts, group_ids, rewards, baselines, queue=self.queue)
         self.publish()
-        return metrics
+        return result
 
     def evaluate(self):
         return self.core.evaluate()

@@ -87,9 +87,10 @@ class DiTTrainerWorker(_DiTWorker):
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def train(self, outputs: list, prompts: list, group_ids: np.ndarray, rewards: np.ndarray,
-              baselines: np.ndarray | None = None) -> tuple[dict, int]:
+              baselines: np.ndarray | None = None) -> tuple:
         """One update on this rank's shard (outputs, prompts) of the batch (group_ids, rewards,
-        baselines): its metrics (global, equal on every rank) and the weight version it made."""
+        baselines): its `UpdateResult` (global metrics, equal on every rank) and the weight
+        version it made."""
         return self.strategy.train(outputs, prompts, group_ids, rewards, baselines), self.strategy.weight_version
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL_ONE)

@@ -29,6 +29,7 @@ from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
 from roll_spotlight.exploration.placement import SpotPlacement
 from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
+from roll_spotlight.runtime.reports import UpdateReport
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
 from roll_spotlight.training.metrics import MetricsWriter
@@ -55,7 +56,7 @@ class Backend(Protocol):
     # training micro-batches during the next update; returns how many that is (0 without spot)
     def place_spot(self, share: float) -> int: ...
     def training(self, handle) -> bool: ...  # is the update still running (exploration may go on)?
-    def finish_train(self, handle) -> dict: ...
+    def finish_train(self, handle) -> UpdateReport: ...  # metrics to log; who trained what
     def evaluate(self) -> Evaluation: ...
     def save_checkpoint(self, path: Path) -> None: ...
     def load_checkpoint(self, path: Path) -> None: ...
@@ -167,11 +168,12 @@ class Coordinator:
                                           **extra)
         if self._mode() == "stale":
             stats["explored_seeds"] = self._explore_next(it, handle)
-        stats |= self.backend.finish_train(handle)
+        report = self.backend.finish_train(handle)
+        stats |= report.metrics
         t_train = time.monotonic()
         self.iteration_s[it] = t_train - t0
-        if self.placement is not None:
-            self.placement.observe_training(it, stats.get("train/spot_saved_s", 0.0), int(stats.get("train/spot_workers", 0)))
+        if self.placement is not None and report.split is not None:
+            self.placement.observe_training(it, report.split.spot_saved_s, report.split.spot_workers)
         return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
                         "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}

@@ -12,6 +12,7 @@ import numpy as np
 
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
 from roll_spotlight.runtime.executor import Finished, RolloutExecutor
+from roll_spotlight.runtime.reports import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
 
@@ -89,25 +90,25 @@ class LocalBackend:
         self._phase("reward", t0)
         return out
 
-    def start_train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+    def start_train(self, outputs, prompts, group_ids, rewards, baselines=None):
         """Runs the update now; keeps the pre-update weights when exploration will need them.
         `baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
         if self.core.cfg.exploration.mode == "stale":
             self._keep_stale_copy()
         t0 = time.monotonic()
-        metrics = self.core.train(outputs, prompts, group_ids, rewards, baselines)
+        result = self.core.train(outputs, prompts, group_ids, rewards, baselines)
         self._phase("train", t0)
-        return metrics
+        return result
 
     def training(self, handle) -> bool:
         """In one process exploration runs after the update, bounded by its seed budget only."""
         return True
 
-    def finish_train(self, handle) -> dict:
+    def finish_train(self, handle) -> UpdateReport:
         self._version = self.core.weight_version
-        return handle
+        return UpdateReport(handle.metrics)
 
-    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> UpdateReport:
         return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))
 
     def _keep_stale_copy(self) -> None:

@@ -40,6 +40,7 @@ from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
 from roll_spotlight.placement import on_driver_node
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
+from roll_spotlight.runtime.reports import UpdateReport, update_report
 from roll_spotlight.config.run import RunConfig
 
 log = logging.getLogger(__name__)
@@ -329,22 +330,19 @@ class RayBackend:
         ready, _ = ray.wait([handle], timeout=0)
         return not ready
 
-    def finish_train(self, handle) -> dict:
-        from roll_spotlight.runtime.queue_training import BY_WORKER, training_split
-
-        metrics = ray.get(handle)
+    def finish_train(self, handle) -> UpdateReport:
+        result = ray.get(handle)
         self.weight_version = ray.get(self.trainer.weight_version.remote())
-        if BY_WORKER in metrics:  # queue training: who trained what
-            is_spot = self.spot.is_spot if self.spot is not None else lambda worker: False
-            metrics = metrics | training_split(metrics.pop(BY_WORKER), is_spot)
+        extra = {}
         if self.spot is not None:
             self.spot.poll()
-            metrics = metrics | self.spot.metrics(ray.get(self.queue.stats.remote()))
+            extra = self.spot.metrics(ray.get(self.queue.stats.remote()))
             (n0, p0), (n1, p1) = self._market_at_train, self._market_counts()
-            metrics |= {"spot/notices_in_training": float(n1 - n0), "spot/preemptions_in_training": float(p1 - p0)}
-        return metrics
+            extra |= {"spot/notices_in_training": float(n1 - n0), "spot/preemptions_in_training": float(p1 - p0)}
+        is_spot = self.spot.is_spot if self.spot is not None else lambda worker: False
+        return update_report(result, is_spot, extra)
 
-    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> dict:
+    def train(self, outputs, prompts, group_ids, rewards, baselines=None) -> UpdateReport:
         return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))
 
     def evaluate(self):

@@ -47,7 +47,7 @@ class RayWorkerLauncher:
     """Spot ``RolloutWorker`` actors on Ray, ``gpus_per_node`` per spot node. Each asks for one
     unit of ``resource``; with ``node_affinity`` it is pinned to the node the event names (a real
     cluster, node ids in hex). ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments
-    per node (tests inject ``hold_at_step`` on one node this way). ``policy_path`` is what workers
+    per node (tests inject ``faults``, `runtime.faults.FaultPlan`, on one node this way). ``policy_path`` is what workers
     load (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
     node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request).
 

@@ -7,6 +7,7 @@ request-id order, so the update does not depend on which worker produced what.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,7 +18,10 @@ from roll_spotlight.runtime.executor import stack_outputs
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.averaging import WeightAverage
 from roll_spotlight.training.evaluate import Evaluation, evaluate
-from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
+from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch, UpdateResult
+
+if TYPE_CHECKING:
+    from roll_spotlight.runtime.queue_training import QueueTraining
 
 
 class TrainerCore:
@@ -40,31 +44,24 @@ class TrainerCore:
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
-        self.queue_runner = None
-
-    def use_queue(self, runner) -> None:
-        """Train every update through the request queue (`runtime.queue_training.QueueMicroBatches`):
-        its micro-batches are pulled by this trainer and by the run's rollout workers."""
-        self.queue_runner = runner
-        self.trainer.micro_batches = runner
 
     def train(self, outputs: list, prompts: list[str], group_ids: np.ndarray, rewards: np.ndarray,
-              baselines: np.ndarray | None = None) -> dict:
+              baselines: np.ndarray | None = None, *, queue: QueueTraining | None = None) -> UpdateResult:
         """One update. `baselines`: (N, 2) per-sample (mean, std) of the whole batch to normalise
-        advantages by (`exploration.baseline: pool`); None: each group's own statistics."""
+        advantages by (`exploration.baseline: pool`); None: each group's own statistics. `queue`:
+        train through the request queue (its micro-batches pulled by this trainer and the run's
+        workers); None: every micro-batch here."""
         s = self.cfg.sampling
         traj = stack_outputs(outputs, self.sigmas, s.noise_level, s.kind)
         base = None if baselines is None else np.asarray(baselines, dtype=np.float64)
-        if self.queue_runner is not None:
-            self.queue_runner.begin(self.weight_version, Schedule(s.num_steps, s.noise_level, s.kind))
-        metrics = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind,
-                                                baselines=base))
-        if self.queue_runner is not None:
-            metrics |= self.queue_runner.metrics()
+        source = None if queue is None else queue.update(self.weight_version,
+                                                         Schedule(s.num_steps, s.noise_level, s.kind))
+        result = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind,
+                                               baselines=base), source)
         self.weight_version += 1
         if self.ema is not None:
             self.ema.update(self.policy)
-        return metrics
+        return result
 
     def evaluate(self) -> Evaluation:
         """Validation of the policy, or of its weight average when `train.ema_decay` > 0 (rollouts

@@ -117,7 +117,7 @@ def check_machine(cfg: ClusterSoakConfig, available_mb: float | None = None) -> 
 
 def run_cluster_soak(cfg: ClusterSoakConfig, trace: Trace | None = None, *, worker_kwargs=None) -> dict:
     """The whole cluster soak; returns the JSON report (see the module docstring).
-    ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``hold_at_step``)."""
+    ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `runtime.faults.FaultPlan`)."""
     from roll_spotlight.spot.synthetic import synthetic_trace
     from roll_spotlight.tools import replay
     from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig

@@ -32,7 +32,8 @@ from roll_spotlight.flow_grpo import group_advantages, policy_loss, recompute_lo
 from roll_spotlight.flow_grpo.advantages import baselined_advantages
 from roll_spotlight.config.run import GRPOConfig
 from roll_spotlight.dispatch.requests import plan_micro_batches
-from roll_spotlight.training.micro_batches import LOSS_TOTALS, LocalMicroBatches
+from roll_spotlight.training.micro_batches import (LOSS_TOTALS, Contributions, GradientSource, UpdatePlan, combine,
+                                                   reduce_flat)
 
 
 @dataclass
@@ -135,17 +136,10 @@ class AllReduceGradients(GradientSync):
             self.dist.broadcast(tensor, src=self.root, group=self.group)
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        device = self._device()
-        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
-        self.dist.all_reduce(present, group=self.group)
-        active = [p for p, n in zip(params, present.tolist()) if n > 0]
-        if not active:
-            return
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(device)
-                          for p in active])
-        self.dist.all_reduce(flat, group=self.group)
-        for p, g in zip(active, flat.split([p.numel() for p in active])):
-            p.grad = g.view_as(p).to(p.device, p.dtype)
+        grads = reduce_flat([p.grad for p in params], params,
+                            lambda flat: self.dist.all_reduce(flat, group=self.group), self._device())
+        for p, g in zip(params, grads):
+            p.grad = None if g is None else g.to(p.device)
 
     def reduce_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         values = torch.tensor(list(totals.values()), dtype=torch.float64, device=self._device())
@@ -198,19 +192,27 @@ class GRPOLoss:
                            mean=new.mean, ref_mean=ref_mean, std=new.kl_std)
 
 
+@dataclass(frozen=True)
+class UpdateResult:
+    """One update's metrics, and who computed its micro-batches when a `GradientSource` did
+    (None: all of them here)."""
+
+    metrics: dict
+    contributions: Contributions | None = None
+
+
 class FlowGRPOTrainer:
     """Owns the optimiser and the frozen reference copy of a policy.
 
     `sync` is the data-parallel hook (`GradientSync`: one rank; `AllReduceGradients`: a group).
-    `micro_batches` runs an update's micro-batches (`training.micro_batches.LocalMicroBatches`:
-    all of them here; the runtime's queue runner lets other workers pull them).
+    An update's micro-batches run here unless `step` is given a `GradientSource` (queue training:
+    other workers compute them too and the source returns their sums).
     """
 
     def __init__(self, policy, cfg: GRPOConfig, sync: GradientSync | None = None):
         self.policy = policy
         self.cfg = cfg
         self.sync = sync or GradientSync()
-        self.micro_batches = LocalMicroBatches()
         self.params = trainable_parameters(policy, cfg.trainable)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         # the KL reference: the policy with its LoRA adapters disabled, else a frozen copy
@@ -255,13 +257,19 @@ class FlowGRPOTrainer:
         local = keep[(keep >= offset) & (keep < offset + batch.rows)] - offset  # this rank's kept rows
         return adv.values[offset:offset + batch.rows], local, len(keep) * len(steps), steps, metrics
 
-    def step(self, batch: ScoredBatch) -> dict:
+    def step(self, batch: ScoredBatch, source: GradientSource | None = None) -> UpdateResult:
+        """One update: an optimiser step per inner epoch. `source` computes the micro-batches'
+        gradient sums elsewhere (one trainer rank only); None: every one here, in plan order."""
+        if source is not None and self.sync.world_size != 1:
+            raise ValueError("queue training runs on one trainer rank (the others are workers that pull)")
         adv, local, norm, steps, metrics = self._plan(batch)
         if not steps:
-            return metrics | {"skipped": 1.0}
+            return UpdateResult(metrics | {"skipped": 1.0})
+        contributions = None
         for _ in range(self.cfg.inner_epochs):
-            metrics |= self._epoch(batch, adv, local, norm, steps)
-        return metrics
+            totals, contributions = self._accumulate(batch, adv, local, norm, steps, source)
+            metrics |= self._apply(totals)
+        return UpdateResult(metrics, contributions)
 
     def gradient(self, batch: ScoredBatch) -> dict[str, torch.Tensor]:
         """The loss gradient one update would clip and apply, by parameter name (after the
@@ -278,24 +286,39 @@ class FlowGRPOTrainer:
         return grads
 
     def _accumulate(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int,
-                    steps: list[int]) -> dict:
-        """Fresh gradients of the loss mean over kept samples and noised steps, reduced across ranks."""
+                    steps: list[int], source: GradientSource | None = None) -> tuple[dict, Contributions | None]:
+        """Fresh gradients of the loss mean over kept samples and noised steps, reduced across
+        ranks: (loss totals, who computed the micro-batches when `source` did)."""
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = plan_micro_batches(local, steps, self.cfg.micro_batch_size)
+        if source is not None:
+            return self._from_source(source, UpdatePlan(batch, adv, norm, tuple(plan), self.cfg))
         chunks = len(plan) // len(steps)
         # FSDP: ranks run as many micro-steps; agreed before any of them, as the count is a collective too
         padding = self.sync.micro_batches(chunks) - chunks
-        totals = self.micro_batches.run(self, batch, adv, norm, plan)
+        totals = dict.fromkeys(LOSS_TOTALS, 0.0)
+        for mb in plan:
+            for name, value in self.loss.backward(batch, adv, norm, mb).items():
+                totals[name] += value
         for _ in range(padding):  # zero-weight micro-steps, so that every rank runs the same collectives
             for k in steps:
                 (self.loss.micro_loss(batch, adv, np.arange(1), k).loss * 0.0).backward()
         self.sync.reduce_gradients(self.params)
-        return totals
+        return totals, None
 
-    def _epoch(self, batch: ScoredBatch, adv: torch.Tensor, local: np.ndarray, norm: int, steps: list[int]) -> dict:
-        """One optimiser step; `local` are this rank's kept rows, `norm` the global kept x steps count."""
-        totals = self._accumulate(batch, adv, local, norm, steps)
+    def _from_source(self, source: GradientSource, plan: UpdatePlan) -> tuple[dict, Contributions]:
+        """The update's gradient from the source's sums, into this trainer's own parameters."""
+        out = source(plan)
+        grads, totals = combine(out.sums, [mb.index for mb in plan.micro_batches], self.policy.device)
+        trained = {id(p) for p in self.params}
+        for name, p in self.policy.named_parameters():
+            if id(p) in trained:
+                p.grad = grads.get(name)
+        return totals, out.contributions
+
+    def _apply(self, totals: dict) -> dict:
+        """Clip and take one optimiser step on the accumulated gradients; the step's metrics."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         self.optimizer.step()
         return self.sync.reduce_metrics(totals) | {"grad_norm": float(grad_norm)}

@@ -3,13 +3,10 @@
 An update's gradient is a sum over micro-batches (some kept rows of the batch at one trained step,
 each term weighted by its share of the mean over kept rows x trained steps).
 `dispatch.requests.plan_micro_batches` fixes their order: chunk-major, step-minor, the order the
-trainer has always accumulated in.
-Where they run is a runner's choice:
-
-- `LocalMicroBatches` (the default) runs every one here, in plan order;
-- the runtime's queue runner (`runtime.queue_training`) makes each a TRAIN request that the
-  trainer and other workers (spot workers included) pull; each runs its leases into one
-  `GradientSum` and reports it, and the trainer adds the accepted sums (`combine`).
+trainer has always accumulated in. The trainer runs them itself unless its update is given a
+`GradientSource` (queue training, `runtime.queue_training`): then the trainer and other workers
+(spot workers included) pull them from the request queue, each runs its leases into one
+`GradientSum`, and the trainer adds the accepted sums (`combine`).
 
 `TrainWork` is everything a remote worker needs to compute any micro-batch of an update: the whole
 batch, its advantages and normaliser, the micro-batch plan and the loss settings. A worker at the
@@ -22,8 +19,8 @@ one sum covering every micro-batch in plan order is bit-identical to the local u
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -35,12 +32,23 @@ LOSS_TOTALS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")  # a 
 
 
 @dataclass(frozen=True)
-class TrainWork:
-    """One update's work, for whoever computes its micro-batches (pickled to remote workers).
+class UpdatePlan:
+    """One update as the trainer plans it: the whole `grpo.ScoredBatch`, its rows' advantages (N,),
+    ``norm`` = kept samples x trained steps (each micro-batch's weight is len(rows) / norm), the
+    micro-batches in plan order and the loss settings."""
 
-    `batch` is the whole `grpo.ScoredBatch`; `advantages` are its rows' advantages (N,);
-    `norm` = kept samples x trained steps (each micro-batch's weight is len(rows) / norm).
-    """
+    batch: object
+    advantages: torch.Tensor
+    norm: int
+    micro_batches: tuple[MicroBatch, ...]
+    cfg: GRPOConfig
+
+
+@dataclass(frozen=True)
+class TrainWork:
+    """One update's work, for whoever computes its micro-batches (pickled to remote workers):
+    the plan, the weight version it trains from and the schedule its trajectories were sampled
+    with (what its TRAIN requests carry)."""
 
     weight_version: int
     batch: object
@@ -49,6 +57,10 @@ class TrainWork:
     micro_batches: tuple[MicroBatch, ...]
     cfg: GRPOConfig
     schedule: Schedule
+
+    @classmethod
+    def of(cls, plan: UpdatePlan, weight_version: int, schedule: Schedule) -> TrainWork:
+        return cls(weight_version, plan.batch, plan.advantages, plan.norm, plan.micro_batches, plan.cfg, schedule)
 
     @property
     def iteration(self) -> int:
@@ -74,13 +86,45 @@ class GradientSum:
         return min(self.indices)
 
 
+@dataclass(frozen=True)
+class Contributions:
+    """Who computed an update's micro-batches: (micro-batches, compute seconds) per worker, the
+    reports the queue refused on the way (their micro-batches were computed again) and the
+    phase's wall time. What the hosts split by kind of worker (`runtime.reports`)."""
+
+    by_worker: Mapping[str, tuple[int, float]]
+    refused: int = 0
+    wall_s: float = 0.0
+
+    @classmethod
+    def of(cls, sums: Sequence[GradientSum], refused: int, wall_s: float) -> Contributions:
+        by_worker: dict[str, tuple[int, float]] = {}
+        for s in sums:
+            count, seconds = by_worker.get(s.worker, (0, 0.0))
+            by_worker[s.worker] = (count + len(s.indices), seconds + s.seconds)
+        return cls(by_worker, refused, wall_s)
+
+
+@dataclass(frozen=True)
+class UpdateSums:
+    """What a `GradientSource` returns: the accepted sums (covering every micro-batch once) and
+    who computed what."""
+
+    sums: tuple[GradientSum, ...]
+    contributions: Contributions
+
+
+# The update's micro-batches computed elsewhere: the plan in, the accepted sums out.
+GradientSource = Callable[[UpdatePlan], UpdateSums]
+
+
 def compute_sum(loss, params: dict[str, torch.nn.Parameter], work: TrainWork,
                 micro_batches: Sequence[MicroBatch | None], worker: str, *,
                 should_stop: Callable[[], bool] = lambda: False) -> GradientSum:
     """Run `micro_batches` of `work` (in order) on `loss` (a `grpo.GRPOLoss` at the work's weight
     version) and return their sum; `should_stop()` is called after each entry, and a True ends
     the sum there (a notice: what finished is reported, the rest handed back). A None entry is a
-    round this worker sits out (an SP group's ranks compute in rounds, `runtime.queue_training`):
+    round this worker sits out (an SP group's ranks compute in rounds, `runtime.compute`):
     nothing is computed but `should_stop()` is still called, so every rank asks equally often.
     The parameters' `.grad` are scratch space: zeroed before and after."""
     from roll_spotlight.weights.codec import state_dict_to_numpy
@@ -126,12 +170,21 @@ def combine(sums: Sequence[GradientSum], expected: Sequence[int],
     return grads, totals
 
 
-class LocalMicroBatches:
-    """Every micro-batch of the update on this rank, in plan order (the trainer's default)."""
-
-    def run(self, trainer, batch, advantages: torch.Tensor, norm: int, plan: Sequence[MicroBatch]) -> dict[str, float]:
-        totals = dict.fromkeys(LOSS_TOTALS, 0.0)
-        for mb in plan:
-            for name, value in trainer.loss.backward(batch, advantages, norm, mb).items():
-                totals[name] += value
-        return totals
+def reduce_flat(grads: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor],
+                reduce: Callable[[torch.Tensor], None], device: torch.device) -> list[torch.Tensor | None]:
+    """Sum gradients across ranks as one float32 buffer: ``grads[i]`` is this rank's gradient of
+    a tensor shaped like ``like[i]`` (None: none here, counted as zeros), ``reduce`` sums a
+    buffer in place across the ranks (an all-reduce, or a reduce onto one rank, whose result
+    alone is meaningful). The buffer ends with a count per tensor of the ranks that had one, so a
+    tensor no rank had stays None (an optimiser skips it, as it would on one rank). Every rank
+    sends the same layout, so no rank has to know another's gradients first."""
+    present = torch.tensor([g is not None for g in grads], dtype=torch.float32, device=device)
+    flat = torch.cat([(g if g is not None else torch.zeros(p.shape, device=device)).reshape(-1).to(device, torch.float32)
+                      for g, p in zip(grads, like)] + [present])
+    reduce(flat)
+    out: list[torch.Tensor | None] = []
+    offset = 0
+    for p, count in zip(like, flat[-len(like):].tolist() if len(like) else []):
+        out.append(flat[offset:offset + p.numel()].view(p.shape).to(p.dtype) if count > 0 else None)
+        offset += p.numel()
+    return out

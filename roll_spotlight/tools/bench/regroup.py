@@ -5,7 +5,7 @@ of degree 2 (gloo on CPU), driven by `elastic.groups.ElasticGroups`: the classes
 Each repeat preempts one member in the middle of a rollout and times what the preemption costs:
 
 - **warm**: the member gets a notice while the group is parked after step 2 of 4 (deterministic
-  injection, `hold_at_step`); the group commits the lease, the survivor and a standby newcomer on
+  injection, `runtime.faults`); the group commits the lease, the survivor and a standby newcomer on
   the same node (a started worker, its pipeline loaded from disk, as on a node whose worker is
   kept for recovery) re-form a group under a fresh generation prefix (the newcomer maps the
   survivor's weights from the node's shared memory, zero-copy; the survivor published them once
@@ -136,10 +136,11 @@ class _Session:
         import ray
 
         from roll_spotlight.runtime.actors import RolloutWorker
+        from roll_spotlight.runtime.faults import FaultPlan
 
         gpu = next(self._gpus)
         handle = RolloutWorker.remote(f"bench-{gpu}", self.source, self.queue, self.store,
-                                      hold_at_step=HOLD if hold else None)
+                                      faults=FaultPlan(hold_at_step=HOLD) if hold else None)
         ray.get(handle.prepare_standby.remote())
         return ("node", gpu), handle
 
@@ -237,13 +238,14 @@ def _warm_once(session: _Session) -> dict[str, Any]:
 
 def _cold_once(session: _Session) -> dict[str, Any]:
     from roll_spotlight.runtime.actors import RolloutWorker
+    from roll_spotlight.runtime.faults import FaultPlan
 
     t0, _ = session.preempt(sorted(session.groups.workers), {})  # the group commits; nobody is left
     fresh = {}
     for hold in (False, True):  # new processes: imports, from_pretrained, weights from the store
         gpu = next(session._gpus)
         fresh[("node", gpu)] = RolloutWorker.remote(f"bench-{gpu}", session.source, session.queue, session.store,
-                                                    hold_at_step=HOLD if hold else None)
+                                                    faults=FaultPlan(hold_at_step=HOLD) if hold else None)
     session.groups.regroup(newcomers=fresh)  # no peer holds weights: each fetches from the store
     return _measure(session, t0, session.completion())
 
