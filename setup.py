@@ -43,7 +43,8 @@ setup(
     packages=find_packages(include=["roll_spotlight", "roll_spotlight.*"])
     + ["roll_spotlight.patches"],
     package_dir={"roll_spotlight.patches": "patches"},
-    package_data={"roll_spotlight": ["py.typed"]},
+    # the public spot traces (data files with their SOURCE.md, LICENSE, NOTICE), so a wheel carries them
+    package_data={"roll_spotlight": ["py.typed"], "roll_spotlight.spot": ["data/**/*"]},
     install_requires=[
         "torch>=2.6",
         # LoRA adapters (train.lora); diffusers' Qwen-Image needs peft >= 0.18.1

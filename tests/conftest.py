@@ -46,6 +46,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def shipped_traces() -> Path:
+    """The public spot traces shipped in the package: the tests check these files, so they ignore
+    ``$SPOTLIGHT_TRACES`` (which ``traces_root`` honours)."""
+    from roll_spotlight.spot.traces import PACKAGED_TRACES
+
+    return PACKAGED_TRACES
+
+
 def pytest_collection_modifyitems(config, items):
     skip_roll = pytest.mark.skip(reason="ROLL is not importable")
     skip_gpu = pytest.mark.skip(reason="CUDA is not available")

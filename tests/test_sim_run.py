@@ -1,15 +1,13 @@
 """Tier 1: the simulator's entry points, on fake feeds and on the shipped public traces."""
 import json
-from pathlib import Path
 
 import pytest
 
 from roll_spotlight.sim.run import main, project, simulate, time_to_target
 from roll_spotlight.sim.spotfeed import spot_feed
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-BAMBOO = TRACES / "bamboo-spot-traces" / "aws" / "p3-trace.csv"
-GCP = TRACES / "skynomad-gcp-h100" / "h100_probe_counts_wide.csv"
+BAMBOO = "bamboo-spot-traces/aws/p3-trace.csv"
+GCP = "skynomad-gcp-h100/h100_probe_counts_wide.csv"
 SMALL = {"prompts_per_iteration": 8, "group_size": 8}
 
 
@@ -65,12 +63,11 @@ def test_project_scales_with_model_size():
         project("aws", params_b=0)
 
 
-@pytest.mark.skipif(not BAMBOO.is_file(), reason="shared traces not present")
-def test_bamboo_trace_short_window():
-    result = simulate(BAMBOO, resolution=512, ondemand=8, spot=8, iterations=6, start_s=1800.0,
+def test_bamboo_trace_short_window(shipped_traces):
+    result = simulate(shipped_traces / BAMBOO, resolution=512, ondemand=8, spot=8, iterations=6, start_s=1800.0,
                       cost_model={"prompts_per_iteration": 16, "group_size": 16},
                       baselines=("naive_spot", "spotlight"))
-    feed = spot_feed(BAMBOO, spot_nodes=8, start_s=1800.0)
+    feed = spot_feed(shipped_traces / BAMBOO, spot_nodes=8, start_s=1800.0)
     assert result["trace"]["provider"] == "aws" and result["trace"]["notice_s"] == 120.0
     for name, r in result["baselines"].items():
         assert r["preemptions"] == feed.preemptions_until(r["sim_end_s"]) >= 1, name
@@ -80,9 +77,8 @@ def test_bamboo_trace_short_window():
     assert spotlight["lost_gpu_s"] <= naive["lost_gpu_s"]
 
 
-@pytest.mark.skipif(not GCP.is_file(), reason="shared traces not present")
-def test_gcp_probe_trace_uses_zone_prices():
-    result = simulate(GCP, resolution=512, ondemand=8, spot=8, iterations=2, zones=["us-central1-b"],
+def test_gcp_probe_trace_uses_zone_prices(shipped_traces):
+    result = simulate(shipped_traces / GCP, resolution=512, ondemand=8, spot=8, iterations=2, zones=["us-central1-b"],
                       cost_model=SMALL, baselines=("naive_spot",))
     assert result["trace"]["notice_s"] == 30.0
     r = result["baselines"]["naive_spot"]

@@ -1,13 +1,11 @@
 """Tier 1: the what-if tool: market from a trace, a shipped provider + zone, or a synthetic provider."""
 import json
-from pathlib import Path
 
 import pytest
 
 from roll_spotlight.sim.run import main
 from roll_spotlight.sim.whatif import resolve_market, shipped_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 SMALL = {"prompts_per_iteration": 4, "group_size": 4}
 
 
@@ -24,12 +22,11 @@ def test_resolve_market_choices(tmp_path):
         resolve_market("ibm", None, None)
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
-def test_shipped_zone_lookup():
-    path = shipped_trace("gcp", "us-central1-b", TRACES)
+def test_shipped_zone_lookup(shipped_traces):
+    path = shipped_trace("gcp", "us-central1-b", shipped_traces)
     assert path.name == "h100_probe_counts_wide.csv"
     with pytest.raises(ValueError, match="us-central1-b"):  # the error lists the known zones
-        shipped_trace("gcp", "nowhere-1a", TRACES)
+        shipped_trace("gcp", "nowhere-1a", shipped_traces)
 
 
 def test_cli_what_if_synthetic_provider_and_model_size(tmp_path, capsys):
@@ -47,15 +44,20 @@ def test_cli_what_if_synthetic_provider_and_model_size(tmp_path, capsys):
     assert ratio > 2.5  # 4x the FLOPs per image, fixed reward and sync times aside
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="shared traces not present")
-def test_cli_what_if_shipped_zone(tmp_path, capsys):
+def test_cli_what_if_shipped_zone(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SPOTLIGHT_TRACES", raising=False)  # the traces shipped in the package
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps(SMALL))
-    assert main(["--resolution", "512", "--iterations", "1", "--cost", str(cost), "--json", "--provider", "gcp",
-                 "--zone", "us-central1-b", "--traces-root", str(TRACES), "--baselines", "spotlight",
+    args = ["--resolution", "512", "--iterations", "1", "--cost", str(cost), "--provider", "gcp"]
+    assert main([*args, "--json", "--zone", "us-central1-b", "--baselines", "spotlight",
                  "--spot", "2", "--ondemand", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert "us-central1-b" in result["what_if"]["market"] and result["trace"]["provider"] == "gcp"
-    assert main(["--resolution", "512", "--provider", "gcp", "--zone", "nowhere-1a",
-                 "--traces-root", str(TRACES)]) == 2
+    assert result["what_if"]["market"] == "shipped trace h100_probe_counts_wide.csv, zone us-central1-b"
+    assert result["trace"]["provider"] == "gcp"
+    assert main([*args, "--zone", "nowhere-1a"]) == 2
     assert "known gcp zones" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()  # --traces-root replaces the shipped traces
+    assert main([*args, "--zone", "us-central1-b", "--traces-root", str(tmp_path / "empty")]) == 2
+    assert "known gcp zones: []" in capsys.readouterr().err
+    assert main([*args, "--zone", "us-central1-b", "--traces-root", str(tmp_path / "missing")]) == 2
+    assert "--traces-root=" in capsys.readouterr().err

@@ -3,7 +3,6 @@ live Ray runtime that must lose, duplicate and mismatch nothing (tier 3)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ import pytest
 from roll_spotlight.spot import EventList, NodeEvent, Trace
 from roll_spotlight.tools.soak import RssSampler, SoakConfig, laps_needed, main, tile_trace
 from roll_spotlight.spot.traces import CountSeries
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def _events() -> Trace:
@@ -45,12 +42,10 @@ def test_tiling_a_count_trace_concatenates_and_counts_the_wrap_drop():
 
 
 @pytest.mark.parametrize("name", ["bamboo-spot-traces/aws/p3-trace.csv", "skypilot-aws-v100-multinode/preemption-4node"])
-def test_shipped_traces_tile(name):
+def test_shipped_traces_tile(name, shipped_traces):
     from roll_spotlight.spot.traces import load_trace
 
-    if not (TRACES / name).exists():
-        pytest.skip(f"shipped trace {name} not present")
-    trace = load_trace(TRACES / name)
+    trace = load_trace(shipped_traces / name)
     tiled = tile_trace(trace, 2)
     assert tiled.trace.end_s == 2 * trace.end_s
     assert tiled.trace.capacity == trace.capacity

@@ -1,7 +1,6 @@
 """Price tables (defaults, per-zone GCP prices) and the GPU-hour cost ledger."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,15 +17,6 @@ from roll_spotlight.spot import (
     prices_for_trace,
     synthetic_trace,
 )
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-
-
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES}")
-    return TRACES
 
 
 def _table() -> PriceTable:
@@ -101,20 +91,20 @@ def test_default_tables_carry_sources():
         Price(1.0, " ")
 
 
-def test_gcp_zone_prices(root):
-    table = load_gcp_zone_prices(root / "skynomad-gcp-h100")
-    zones = load_trace(root / "skynomad-gcp-h100").zone_names
+def test_gcp_zone_prices(shipped_traces):
+    table = load_gcp_zone_prices(shipped_traces / "skynomad-gcp-h100")
+    zones = load_trace(shipped_traces / "skynomad-gcp-h100").zone_names
     for zone in zones:
         assert f"spot/{zone}" in table.prices and f"ondemand/{zone}" in table.prices
     assert table.spot_ratio("asia-south2-b") == pytest.approx(0.705, abs=0.001)
     assert table.spot_ratio("us-east4-a") == pytest.approx(0.18, abs=0.001)
     assert table.price("spot/us-central1-a").usd_per_gpu_hour == pytest.approx(18.979008 / 8)
     assert "prices/us-central1_a3-highgpu-8g.json" in table.price("spot/us-central1-a").source
-    assert prices_for_trace(load_trace(root / "skynomad-gcp-h100")).prices == table.prices
+    assert prices_for_trace(load_trace(shipped_traces / "skynomad-gcp-h100")).prices == table.prices
 
 
-def test_prices_for_traces_without_zone_prices(root):
-    assert prices_for_trace(load_trace(root / "bamboo-spot-traces/aws/p3-trace.csv")).gpu_type == "V100"
+def test_prices_for_traces_without_zone_prices(shipped_traces):
+    assert prices_for_trace(load_trace(shipped_traces / "bamboo-spot-traces/aws/p3-trace.csv")).gpu_type == "V100"
     assert prices_for_trace(synthetic_trace(gpu_type="T4")).gpu_type == "T4"
     with pytest.raises(ValueError, match="PriceTable"):
         prices_for_trace(synthetic_trace(gpu_type=None, provider="azure"))

@@ -10,15 +10,6 @@ import pytest
 
 from roll_spotlight.spot import EventKind, MarketConfig, SpotMarket, load_trace, synthetic_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-
-
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES}")
-    return TRACES
-
 
 def _count_trace(tmp_path: Path, zones: dict[str, list[int]], gap: int = 60, provider="gcp"):
     folder = tmp_path / f"{provider}-pool"
@@ -59,8 +50,8 @@ def _check_notices(market: SpotMarket, notice_s: float) -> int:
     return checked
 
 
-def test_bamboo_market_order_and_aws_notice(root):
-    market = SpotMarket(load_trace(root / "bamboo-spot-traces/aws/p3-trace.csv"))
+def test_bamboo_market_order_and_aws_notice(shipped_traces):
+    market = SpotMarket(load_trace(shipped_traces / "bamboo-spot-traces/aws/p3-trace.csv"))
     kinds = _check_lifecycles(market)
     assert market.notice_s == 120.0
     assert _check_notices(market, 120.0) == 167  # every preemption, the last instant included
@@ -99,8 +90,8 @@ def test_newest_first_victims(tmp_path):
     assert _check_notices(market, 30.0) == 4
 
 
-def test_seeded_random_victims_are_deterministic(root):
-    trace = load_trace(root / "skypilot-aws-v100-multinode/preemption-4node")
+def test_seeded_random_victims_are_deterministic(shipped_traces):
+    trace = load_trace(shipped_traces / "skypilot-aws-v100-multinode/preemption-4node")
 
     def downs(seed):
         market = SpotMarket(trace, MarketConfig(victims="seeded_random", seed=seed, count_model="capacity"))
@@ -114,9 +105,9 @@ def test_seeded_random_victims_are_deterministic(root):
 
 
 @pytest.mark.parametrize("count_model", ["instances", "capacity"])
-def test_count_trace_alive_equals_counts(root, count_model):
+def test_count_trace_alive_equals_counts(shipped_traces, count_model):
     # uncapped, both models follow every instance: the alive set is the trace's count
-    trace = load_trace(root / "skypilot-aws-v100-multinode/preemption-4node")
+    trace = load_trace(shipped_traces / "skypilot-aws-v100-multinode/preemption-4node")
     market = SpotMarket(trace, MarketConfig(victims="seeded_random", seed=3, count_model=count_model))
     _check_lifecycles(market)
     for t in range(0, int(market.duration_s), 7_777):
@@ -125,8 +116,8 @@ def test_count_trace_alive_equals_counts(root, count_model):
             assert sum(node.startswith(zone + "/") for node in alive) == series.value_at(float(t))
 
 
-def test_compression_scales_times(root):
-    trace = load_trace(root / "bamboo-spot-traces/aws/p3-trace.csv")
+def test_compression_scales_times(shipped_traces):
+    trace = load_trace(shipped_traces / "bamboo-spot-traces/aws/p3-trace.csv")
     plain, fast = SpotMarket(trace), SpotMarket(trace, MarketConfig(compression=60.0))
     assert fast.duration_s == pytest.approx(plain.duration_s / 60)
     plain_moves = [ev for ev in plain if ev.kind is not EventKind.NOTICE]
@@ -139,8 +130,8 @@ def test_compression_scales_times(root):
     assert _check_notices(fast, 120.0) == 167
 
 
-def test_window_and_skip_ramp(root):
-    trace = load_trace(root / "bamboo-spot-traces/aws/p3-trace.csv")
+def test_window_and_skip_ramp(shipped_traces):
+    trace = load_trace(shipped_traces / "bamboo-spot-traces/aws/p3-trace.csv")
     steady = SpotMarket(trace, MarketConfig(skip_ramp=True))
     assert steady.window_start_s == 1500.0  # 32 nodes after 25 min
     assert len(steady.alive_at(0.0)) == 32
@@ -155,8 +146,8 @@ def test_window_and_skip_ramp(root):
 
 
 @pytest.mark.parametrize("count_model", ["instances", "capacity"])
-def test_cap_nodes_bounds_alive_set(root, count_model):
-    trace = load_trace(root / "skynomad-gcp-h100")
+def test_cap_nodes_bounds_alive_set(shipped_traces, count_model):
+    trace = load_trace(shipped_traces / "skynomad-gcp-h100")
     market = SpotMarket(trace, MarketConfig(cap_nodes=10, count_model=count_model))
     _check_lifecycles(market)
     alive = 0
@@ -325,9 +316,9 @@ def test_count_model_does_not_touch_event_traces():
         assert SpotMarket(trace, MarketConfig(cap_nodes=cap)).events == capacity.events
 
 
-def test_instances_model_on_a_shipped_group_trace_preempts_a_capped_pool(root):
+def test_instances_model_on_a_shipped_group_trace_preempts_a_capped_pool(shipped_traces):
     # the availability-16node zones, 4 nodes: the capacity reading hides most drops
-    trace = load_trace(root / "skypilot-aws-v100-multinode/availability-16node")
+    trace = load_trace(shipped_traces / "skypilot-aws-v100-multinode/availability-16node")
     window = MarketConfig(cap_nodes=4, duration_s=20 * 3600.0)
     capacity = SpotMarket(trace, dataclasses.replace(window, count_model="capacity"))
     instances = SpotMarket(trace, window)

@@ -1,7 +1,5 @@
 """Synthetic trace generator: requested MTBP and batch size, determinism, defaults from the p3 trace."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,8 +11,6 @@ from roll_spotlight.spot import (
     synthetic_trace,
     trace_stats,
 )
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def test_mtbp_and_batch_size_over_a_long_span():
@@ -79,10 +75,8 @@ def test_config_validation(kwargs, key):
         synthetic_trace(**kwargs)
 
 
-def test_defaults_are_derived_from_the_p3_trace():
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES}")
-    real = trace_stats(load_trace(TRACES / "bamboo-spot-traces/aws/p3-trace.csv"))
+def test_defaults_are_derived_from_the_p3_trace(shipped_traces):
+    real = trace_stats(load_trace(shipped_traces / "bamboo-spot-traces/aws/p3-trace.csv"))
     assert DEFAULT_SYNTHETIC.nodes == real.zones[0].capacity
     assert DEFAULT_SYNTHETIC.span_s == real.zones[0].span_s
     assert DEFAULT_SYNTHETIC.mtbp_s == pytest.approx(real.mtbp_s, rel=0.01)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from roll_spotlight.spot import (
+    PACKAGED_TRACES,
     CountSeries,
     EventList,
     TraceFormatError,
@@ -15,9 +16,10 @@ from roll_spotlight.spot import (
     load_trace,
     summarize_shipped_traces,
     trace_stats,
+    traces_root,
 )
+from roll_spotlight.spot.traces import TRACES_ENV
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 BAMBOO = "bamboo-spot-traces/aws/p3-trace.csv"
 AVAIL16 = "skypilot-aws-v100-multinode/availability-16node"
 PREEMPT4 = "skypilot-aws-v100-multinode/preemption-4node"
@@ -26,18 +28,11 @@ WIDE = "skynomad-gcp-h100/h100_probe_counts_wide.csv"
 LONG = "skynomad-gcp-h100/h100_probe_counts_long.csv"
 
 
-@pytest.fixture(scope="module")
-def root() -> Path:
-    if not TRACES.is_dir():
-        pytest.skip(f"shared traces not found at {TRACES}")
-    return TRACES
-
-
 # --- each format loads ---------------------------------------------------------------------------
 
 
-def test_event_csv_loads(root):
-    trace = load_trace(root / BAMBOO)
+def test_event_csv_loads(shipped_traces):
+    trace = load_trace(shipped_traces / BAMBOO)
     assert (trace.kind, trace.measures, trace.provider, trace.gpu_type) == ("events", "running", "aws", "V100")
     assert trace.zone_names == ("p3",)
     events = trace.zones["p3"]
@@ -49,29 +44,29 @@ def test_event_csv_loads(root):
     assert trace.span_s == pytest.approx(40_920.0)
 
 
-def test_count_json_folder_loads_as_multizone(root):
-    trace = load_trace(root / AVAIL16)
+def test_count_json_folder_loads_as_multizone(shipped_traces):
+    trace = load_trace(shipped_traces / AVAIL16)
     assert (trace.kind, trace.measures, trace.provider, trace.gpu_type) == ("counts", "capacity", "aws", "V100")
     assert trace.zone_names == ("us-east-2b", "us-west-2a", "us-west-2c")
     series = trace.zones["us-east-2b"]
     assert isinstance(series, CountSeries)
     assert series.times_s[1] - series.times_s[0] == 300.0
     assert series.counts.size == 3247
-    assert load_trace(root / PREEMPT4).measures == "running"
+    assert load_trace(shipped_traces / PREEMPT4).measures == "running"
 
 
-def test_single_count_json_and_zone_argument(root):
-    path = root / AVAIL16 / "us-west-2a_v100_1.json"
+def test_single_count_json_and_zone_argument(shipped_traces):
+    path = shipped_traces / AVAIL16 / "us-west-2a_v100_1.json"
     assert load_trace(path).zone_names == ("us-west-2a",)
     assert load_trace(path, zone="west").zone_names == ("west",)
-    picked = load_trace(root / AVAIL16, zone="us-west-2c")
+    picked = load_trace(shipped_traces / AVAIL16, zone="us-west-2c")
     assert picked.zone_names == ("us-west-2c",)
     with pytest.raises(ValueError, match="us-west-9z"):
-        load_trace(root / AVAIL16, zone="us-west-9z")
+        load_trace(shipped_traces / AVAIL16, zone="us-west-9z")
 
 
-def test_probe_wide_and_long_agree_and_gap_is_held(root):
-    wide, long = load_trace(root / WIDE), load_trace(root / LONG)
+def test_probe_wide_and_long_agree_and_gap_is_held(shipped_traces):
+    wide, long = load_trace(shipped_traces / WIDE), load_trace(shipped_traces / LONG)
     assert (wide.kind, wide.measures, wide.provider, wide.gpu_type) == ("counts", "capacity", "gcp", "H100")
     assert len(wide.zones) == 13 and wide.zone_names == long.zone_names
     for zone in wide.zone_names:
@@ -86,23 +81,23 @@ def test_probe_wide_and_long_agree_and_gap_is_held(root):
     assert any("held" in note for note in wide.notes)
 
 
-def test_folder_with_wide_and_long_picks_wide(root):
-    assert load_trace(root / GCP).source_path == root / GCP
-    assert [p.name for p in discover_traces(root / GCP)] == ["h100_probe_counts_wide.csv"]
+def test_folder_with_wide_and_long_picks_wide(shipped_traces):
+    assert load_trace(shipped_traces / GCP).source_path == shipped_traces / GCP
+    assert [p.name for p in discover_traces(shipped_traces / GCP)] == ["h100_probe_counts_wide.csv"]
 
 
-def test_provider_and_measures_overrides(root):
-    trace = load_trace(root / BAMBOO, provider="azure", measures="capacity")
+def test_provider_and_measures_overrides(shipped_traces):
+    trace = load_trace(shipped_traces / BAMBOO, provider="azure", measures="capacity")
     assert (trace.provider, trace.measures) == ("azure", "capacity")
     with pytest.raises(ValueError, match="provider='ibm'"):
-        load_trace(root / BAMBOO, provider="ibm")
+        load_trace(shipped_traces / BAMBOO, provider="ibm")
 
 
 # --- statistics against the README summary table ---------------------------------------------------
 
 
-def test_bamboo_stats_match_readme(root):
-    stats = trace_stats(load_trace(root / BAMBOO))
+def test_bamboo_stats_match_readme(shipped_traces):
+    stats = trace_stats(load_trace(shipped_traces / BAMBOO))
     assert stats.instances_lost == 167 and stats.preemption_events == 79
     assert stats.mtbp_s / 60 == pytest.approx(8.6, abs=0.05)
     zone = stats.zones[0]
@@ -116,19 +111,19 @@ def test_bamboo_stats_match_readme(root):
     (PREEMPT4, 600, 377, 185, 135, 428),
     (GCP, 20261, 3750, 73, 28, 44 * 60),
 ])
-def test_count_stats_match_readme(root, folder, lost, drops, mtbp_min, lo, hi):
-    stats = trace_stats(load_trace(root / folder))
+def test_count_stats_match_readme(shipped_traces, folder, lost, drops, mtbp_min, lo, hi):
+    stats = trace_stats(load_trace(shipped_traces / folder))
     assert (stats.instances_lost, stats.preemption_events) == (lost, drops)
     assert stats.mtbp_s / 60 == pytest.approx(mtbp_min, abs=0.5)
     assert stats.mtbp_min_s / 60 == pytest.approx(lo, abs=0.5)
     assert stats.mtbp_max_s / 60 == pytest.approx(hi, rel=0.005)
 
 
-def test_per_zone_means_match_source_tables(root):
-    avail = {z.zone: z for z in trace_stats(load_trace(root / AVAIL16)).zones}
+def test_per_zone_means_match_source_tables(shipped_traces):
+    avail = {z.zone: z for z in trace_stats(load_trace(shipped_traces / AVAIL16)).zones}
     assert avail["us-east-2b"].mean_alive == pytest.approx(8.76, abs=0.01)
     assert avail["us-east-2b"].span_s / 3600 == pytest.approx(270.5, abs=0.05)
-    gcp = {z.zone: z for z in trace_stats(load_trace(root / WIDE)).zones}
+    gcp = {z.zone: z for z in trace_stats(load_trace(shipped_traces / WIDE)).zones}
     readme = {"asia-south2-b": (15.97, 8), "asia-southeast1-c": (8.37, 25), "europe-west3-c": (1.80, 35),
               "us-central1-b": (9.05, 744), "us-west1-b": (2.61, 244)}
     for zone, (mean, drops) in readme.items():
@@ -136,13 +131,39 @@ def test_per_zone_means_match_source_tables(root):
         assert gcp[zone].preemption_events == drops, zone
 
 
-def test_summarize_shipped_traces(root):
-    rows = summarize_shipped_traces(root)
+def test_summarize_shipped_traces(shipped_traces):
+    rows = summarize_shipped_traces(shipped_traces)
     by_trace = {row["trace"]: row for row in rows}
     assert set(by_trace) == {BAMBOO, AVAIL16, PREEMPT4, WIDE}
     assert by_trace[BAMBOO]["preemption_events"] == 79
     assert by_trace[WIDE]["zones"] == 13 and by_trace[WIDE]["capacity_per_zone"] == 16
     json.dumps(rows)  # JSON-ready
+
+
+# --- where the traces are ------------------------------------------------------------------------
+
+
+def test_traces_root_is_the_option_else_the_variable_else_the_package(tmp_path, monkeypatch):
+    monkeypatch.delenv(TRACES_ENV, raising=False)
+    assert traces_root() == PACKAGED_TRACES
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path))
+    assert traces_root() == tmp_path
+    assert traces_root(PACKAGED_TRACES) == PACKAGED_TRACES
+    with pytest.raises(ValueError, match="--traces-root="):
+        traces_root(tmp_path / "missing")
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match=r"\$SPOTLIGHT_TRACES="):
+        traces_root()
+
+
+def test_the_package_ships_data_with_its_source_and_license_only():
+    folders = sorted(p.name for p in PACKAGED_TRACES.iterdir() if p.is_dir())
+    assert folders == ["bamboo-spot-traces", "skynomad-gcp-h100", "skypilot-aws-v100-multinode"]
+    for name in folders:
+        assert (PACKAGED_TRACES / name / "SOURCE.md").is_file() and (PACKAGED_TRACES / name / "LICENSE").is_file()
+    suffixes = {p.suffix for p in PACKAGED_TRACES.rglob("*") if p.is_file()}
+    assert suffixes == {".csv", ".json", ".md", ""}, suffixes  # "": LICENSE and NOTICE; no code
+    assert all(folder.relative_to(PACKAGED_TRACES).parts[0] in folders for folder in discover_traces(PACKAGED_TRACES))
 
 
 # --- malformed traces ------------------------------------------------------------------------------
@@ -167,8 +188,8 @@ def _replace_line(path: Path, lineno: int, text: str, newline: str = "\n") -> No
     ("1,remove,node200", "not sorted"),
     ("9999999,remove,node999", "removed before it was added"),
 ])
-def test_bad_event_row_names_file_and_line(root, tmp_path, bad, reason):
-    path = _copy(root, BAMBOO, tmp_path)
+def test_bad_event_row_names_file_and_line(shipped_traces, tmp_path, bad, reason):
+    path = _copy(shipped_traces, BAMBOO, tmp_path)
     _replace_line(path, 100, bad, newline="\r\n")
     with pytest.raises(TraceFormatError, match=reason) as info:
         load_trace(path)
@@ -199,8 +220,8 @@ def test_bad_json_values(tmp_path, text, reason):
     assert info.value.line == (1 if "gap_seconds\": 0" in text else 2)
 
 
-def test_probe_missing_column(root, tmp_path):
-    path = _copy(root, WIDE, tmp_path)
+def test_probe_missing_column(shipped_traces, tmp_path):
+    path = _copy(shipped_traces, WIDE, tmp_path)
     header = path.read_text().split("\n", 1)[0]
     _replace_line(path, 1, header.replace(",tick,", ",tock,"))
     with pytest.raises(TraceFormatError, match="tick") as info:
@@ -208,7 +229,7 @@ def test_probe_missing_column(root, tmp_path):
     assert info.value.line == 1
 
 
-def test_probe_long_missing_created_column(root, tmp_path):
+def test_probe_long_missing_created_column(shipped_traces, tmp_path):
     path = tmp_path / "probe_long.csv"
     path.write_text("scheduled_at_utc,tick,zone,instances_requested\n2025-10-04T00:10:00Z,0,a,16\n")
     with pytest.raises(TraceFormatError, match="instances_created"):
@@ -221,8 +242,8 @@ def test_probe_long_missing_created_column(root, tmp_path):
     ("2025-10-04T01:07:00Z,5,16,16,16,7,1,16,13,16,16,5,0,16,13", "tick grid"),
     ("2025-10-04T00:50:00Z,4,16,16,16,7,1,16,13,16,16,5,0,16,13", "repeated"),
 ])
-def test_bad_probe_row(root, tmp_path, bad, reason):
-    path = _copy(root, WIDE, tmp_path)
+def test_bad_probe_row(shipped_traces, tmp_path, bad, reason):
+    path = _copy(shipped_traces, WIDE, tmp_path)
     _replace_line(path, 7, bad)  # line 7 is tick 5
     with pytest.raises(TraceFormatError, match=reason) as info:
         load_trace(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,8 +20,6 @@ from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, 
 from roll_spotlight.spot.synthetic import synthetic_trace
 from roll_spotlight.config.run import RunConfig, SpotConfig
 from tests.runtime_helpers import REPO, tiny_config
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,10 +68,8 @@ def test_training_market_caps_the_synthetic_fleet_and_compresses_the_notice():
     assert downs and all(math.isclose(d.time_s - notices[d.node_id], market.notice_s) for d in downs)
 
 
-def test_training_market_reads_a_real_trace_file():
-    path = TRACES / "bamboo-spot-traces" / "aws" / "p3-trace.csv"
-    if not path.is_file():
-        pytest.skip(f"shared traces absent ({path})")
+def test_training_market_reads_a_real_trace_file(shipped_traces):
+    path = shipped_traces / "bamboo-spot-traces" / "aws" / "p3-trace.csv"
     market = training_market(SpotConfig(enabled=True, trace=str(path), max_workers=3, compression=60.0))
     assert market.trace.provider == "aws" and len(market) > 0
     assert max(len(market.alive_at(e.time_s)) for e in market.events) <= 3

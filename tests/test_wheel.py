@@ -87,3 +87,26 @@ def test_installed_cli_helps_and_checks_the_tiny_config(installed):
     out = _run(entry + ["train", "--check", "--config", str(REPO / "configs" / "tiny_shapes.yaml")], root, env)
     assert "memory plan" in out.stdout
     assert json.loads(out.stdout[out.stdout.rindex("\n{"):])["config"] == "ok"
+
+
+LOAD_TRACE = r"""
+import json
+from roll_spotlight.spot import load_trace, traces_root
+root = traces_root()
+trace = load_trace(root / "bamboo-spot-traces" / "aws" / "p3-trace.csv")
+print(json.dumps({"root": str(root), "events": len(trace.zones["p3"].events),
+                  "license": (root / "bamboo-spot-traces" / "LICENSE").is_file()}))
+"""
+
+
+def test_installed_package_carries_the_spot_traces(installed):
+    python, env, root = installed
+    env = {k: v for k, v in env.items() if k != "SPOTLIGHT_TRACES"}
+    out = json.loads(_run([str(python), "-c", LOAD_TRACE], root, env).stdout.strip().splitlines()[-1])
+    assert str(root) in out["root"] and str(REPO) not in out["root"], out["root"]
+    assert out["events"] == 344 and out["license"]  # 177 joins, 167 preemptions; LICENSE beside the data
+    entry = [str(python.parent / "spotlight"), "simulate", "--provider", "gcp", "--zone", "us-central1-b",
+             "--resolution", "512", "--iterations", "1", "--spot", "2", "--ondemand", "2", "--json"]
+    result = json.loads(_run(entry, root, env).stdout)
+    assert result["what_if"]["market"] == "shipped trace h100_probe_counts_wide.csv, zone us-central1-b"
+    assert result["trace"]["provider"] == "gcp" and result["kind"] == "simulated"

@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     what_if.add_argument("--mtbp-s", type=float, default=None,
                          help="mean seconds between preemptions of the synthetic market (--provider without --zone)")
     what_if.add_argument("--traces-root", type=Path, default=None,
-                         help="folder of the shipped traces (default $SPOTLIGHT_TRACES or ../shared/traces)")
+                         help="folder of spot traces for --zone (default $SPOTLIGHT_TRACES, else those "
+                              "shipped in the package)")
     return parser
 
 

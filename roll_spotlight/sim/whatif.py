@@ -3,13 +3,12 @@ synthetic trace with the provider's notice and typical preemption rate.
 
 ``spotlight simulate --provider gcp --zone us-central1-b --params-b 20 --ondemand 8 --spot 16
 --resolution 1280`` projects time and cost per iteration before anyone rents a GPU. With
-``--zone``, the zone is looked up among the shipped public traces (``--traces-root``, else
-``$SPOTLIGHT_TRACES``, else ``shared/traces`` next to the working directory's parent); without
-it, the provider's synthetic market is used (``run.PROVIDER_MTBP_S``).
+``--zone``, the zone is looked up among the public traces shipped in the package (or under
+``--traces-root`` / ``$SPOTLIGHT_TRACES``: ``spot.traces.traces_root``); without it, the provider's
+synthetic market is used (``run.PROVIDER_MTBP_S``).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,13 +22,6 @@ class Market:
     source: Path | str
     zones: tuple[str, ...] | None
     description: str
-
-
-def default_traces_root() -> Path | None:
-    for candidate in (os.environ.get("SPOTLIGHT_TRACES"), Path.cwd().parent / "shared" / "traces"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
 
 
 def shipped_trace(provider: str, zone: str, root: Path) -> Path:
@@ -62,8 +54,7 @@ def resolve_market(provider: str | None, zone: str | None, trace: Path | None,
         raise ValueError(f"provider={provider!r} is not one of {list(PROVIDERS)}")
     if zone is None:
         return Market(provider, None, f"synthetic {provider} market")
-    root = traces_root or default_traces_root()
-    if root is None:
-        raise ValueError("--zone needs the shipped traces: pass --traces-root DIR or set SPOTLIGHT_TRACES")
-    path = shipped_trace(provider, zone, root)
+    from roll_spotlight.spot.traces import traces_root as find_traces_root
+
+    path = shipped_trace(provider, zone, find_traces_root(traces_root))
     return Market(path, (zone,), f"shipped trace {path.name}, zone {zone}")

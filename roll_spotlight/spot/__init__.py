@@ -3,7 +3,7 @@ market replay (node up / notice / node down), the spot pool's state machine, GPU
 ledger. Nothing here imports Ray, torch or the runtime; the pool's Ray shell is in
 ``roll_spotlight.runtime.spot_nodes``, the drivers (`spotlight replay`, `soak`) in ``roll_spotlight.tools``.
 
-Modules: ``traces`` (formats, ``load_trace``), ``stats`` (``trace_stats``,
+Modules: ``traces`` (formats, ``load_trace``, ``traces_root``: the public traces shipped in ``data/``), ``stats`` (``trace_stats``,
 ``summarize_shipped_traces``), ``synthetic`` (``synthetic_trace``), ``market`` (``SpotMarket``),
 ``pool`` (``ElasticSpotPool``), ``prices`` (``PriceTable``), ``ledger`` (``CostLedger``).
 """
@@ -34,12 +34,14 @@ from roll_spotlight.spot.stats import (
 )
 from roll_spotlight.spot.synthetic import DEFAULT_SYNTHETIC, SyntheticTraceConfig, synthetic_trace
 from roll_spotlight.spot.traces import (
+    PACKAGED_TRACES,
     CountSeries,
     EventList,
     NodeEvent,
     Trace,
     TraceFormatError,
     load_trace,
+    traces_root,
 )
 
 __all__ = [
@@ -49,5 +51,6 @@ __all__ = [
     "prices_for_trace",
     "TraceStats", "ZoneStats", "discover_traces", "summarize_shipped_traces", "trace_stats",
     "DEFAULT_SYNTHETIC", "SyntheticTraceConfig", "synthetic_trace",
-    "CountSeries", "EventList", "NodeEvent", "Trace", "TraceFormatError", "load_trace",
+    "PACKAGED_TRACES", "CountSeries", "EventList", "NodeEvent", "Trace", "TraceFormatError", "load_trace",
+    "traces_root",
 ]

@@ -1,7 +1,8 @@
 """Spot-capacity traces: data types and loaders for the public trace formats.
 
 A trace says, per zone, how many spot nodes a cluster had (or could have had) over time. Three
-on-disk formats exist in the shipped public traces (see the traces README next to this repository):
+on-disk formats exist in the public traces shipped with the package (``traces_root``; their README is
+``roll_spotlight/spot/data/README.md``):
 
 1. **event CSV** (``bamboo-spot-traces/aws/p3-trace.csv``): no header, rows ``time_ms,event,node``
    with ``event`` in {add, remove}, CRLF line endings, sorted by time. Named nodes, one zone.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -45,6 +47,9 @@ PROVIDERS = ("aws", "gcp", "azure")
 KINDS = ("events", "counts")
 MEASURES = ("running", "capacity")
 EVENT_OPS = ("add", "remove")
+
+PACKAGED_TRACES = Path(__file__).resolve().parent / "data"
+TRACES_ENV = "SPOTLIGHT_TRACES"
 
 _PROBE_REQUIRED = ("scheduled_at_utc", "tick")
 _PROBE_LONG_REQUIRED = ("scheduled_at_utc", "tick", "zone", "instances_created")
@@ -206,6 +211,19 @@ class Trace:
 def _check_choice(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
+
+
+def traces_root(override: Path | str | None = None) -> Path:
+    """The folder of public spot traces to use: ``override`` (a ``--traces-root``), else
+    ``$SPOTLIGHT_TRACES``, else the copy shipped inside the package (``PACKAGED_TRACES``), so that
+    a clone or an installed wheel needs nothing beside it. A named folder that does not exist is a
+    ValueError naming the option or variable."""
+    for value, name in ((override, "--traces-root"), (os.environ.get(TRACES_ENV), f"${TRACES_ENV}")):
+        if value:
+            if not Path(value).is_dir():
+                raise ValueError(f"{name}={value}: no such folder")
+            return Path(value)
+    return PACKAGED_TRACES
 
 
 # ---------------------------------------------------------------------------------------------

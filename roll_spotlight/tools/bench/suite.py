@@ -268,21 +268,13 @@ def _calibrated_cost(cfg: SuiteConfig, regroup: Mapping[str, Any] | None):
     return cost
 
 
-def traces_root(cfg: SuiteConfig) -> Path | None:
-    """``--traces-root``, else ``$SPOTLIGHT_TRACES``, else ``shared/traces`` beside the repository."""
-    for candidate in (cfg.traces_root, os.environ.get("SPOTLIGHT_TRACES"),
-                      cfg.convergence.repo_root.resolve().parent / "shared" / "traces"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
-
-
 def run_simulations(cfg: SuiteConfig, cost) -> dict:
     """The baselines per resolution on the headline trace (timelines kept for the figures), for
     today's shape and each of ``other_shapes`` (no timelines), with the fair-cost vanilla."""
     from roll_spotlight.sim.run import simulate
+    from roll_spotlight.spot.traces import traces_root
 
-    root = traces_root(cfg)
+    root = traces_root(cfg.traces_root)
     head_path, head_zone = _trace_path(root, cfg.headline_trace)
     common = dict(ondemand=cfg.ondemand, spot=cfg.spot, cost_model=cost)
     by_res = {res: simulate(head_path, resolution=res, iterations=cfg.sim_iterations[res], timeline=True,
@@ -300,15 +292,15 @@ def run_simulations(cfg: SuiteConfig, cost) -> dict:
         extra.append({"trace": rel, "zone": zone, "by_resolution": {
             res: simulate(path, resolution=res, iterations=cfg.sim_iterations[res], zones=[zone] if zone else None,
                           **common) for res in cfg.resolutions}})
-    note = None if head_path else "shared spot traces not found: spot GPUs are never preempted in this run"
-    return {"kind": "simulated", "traces_root_found": root is not None, "note": note,
+    note = None if head_path else f"{cfg.headline_trace[0]} not under the traces root: spot GPUs are never preempted"
+    return {"kind": "simulated", "note": note,
             "headline_trace": cfg.headline_trace[0] if head_path else None,
             "cost_model": cost.table(), "shape": {"name": "today", "ondemand": cfg.ondemand, "spot": cfg.spot},
             "by_resolution": by_res, "other_shapes": others, "extra": extra}
 
 
-def _trace_path(root: Path | None, spec: tuple[str, str | None]) -> tuple[Path | None, str | None]:
-    if root is None or not (root / spec[0]).exists():
+def _trace_path(root: Path, spec: tuple[str, str | None]) -> tuple[Path | None, str | None]:
+    if not (root / spec[0]).exists():
         return None, None
     return root / spec[0], spec[1]
 
@@ -414,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="CI-sized run (< 60 s); writes under benchmarks/results/smoke")
     p.add_argument("--out", type=Path, default=None, help="output folder (default benchmarks/results[/smoke])")
     p.add_argument("--traces-root", type=Path, default=None,
-                   help="folder of the shipped spot traces (default $SPOTLIGHT_TRACES or ../shared/traces)")
+                   help="folder of spot traces (default $SPOTLIGHT_TRACES, else those shipped in the package)")
     p.add_argument("--skip", action="append", default=[], choices=MECHANISMS, help="skip a mechanism benchmark")
     p.add_argument("--ondemand", type=int, default=None, help="simulated on-demand GPUs (default 8)")
     p.add_argument("--spot", type=int, default=None, help="simulated spot GPUs (default 8)")
