@@ -44,7 +44,7 @@ from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.engine import PRIORITY_MARKET, EventHandle, EventLoop
 from roll_spotlight.sim.rewards import SyntheticRewards
 from roll_spotlight.sim.spotfeed import SpotFeed
-from roll_spotlight.sim.training import QueueTrainer, TrainRun
+from roll_spotlight.sim.update_model import QueueTrainer, TrainRun
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind, MarketEvent
 
