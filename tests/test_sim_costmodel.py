@@ -1,7 +1,8 @@
 """Tier 1: the cost model's constants carry sources, and derived times follow the formulas."""
 import pytest
 
-from roll_spotlight.sim.costmodel import CONSTANTS, CostModel
+from roll_spotlight.sim.costmodel import CONSTANTS, PUBLISHED_CALIBRATION, CostModel
+from roll_spotlight.sim.gpus import GPUS
 
 
 def test_every_constant_names_a_source():
@@ -10,7 +11,9 @@ def test_every_constant_names_a_source():
         assert constant.unit.strip(), name
         assert constant.value > 0, name
     assumptions = [n for n, c in CONSTANTS.items() if c.source.startswith("assumption")]
-    assert "rollout_mfu" in assumptions and "params_b" not in assumptions
+    assert "sp_overhead_per_rank" in assumptions and "params_b" not in assumptions
+    for name in ("rollout_mfu", "train_mfu"):  # calibrated on a published run, cited by repository and commit
+        assert CONSTANTS[name].source.startswith("calibrated") and "verl-omni@" in CONSTANTS[name].source, name
 
 
 def test_tokens_and_flops_follow_the_published_architecture():
@@ -18,8 +21,11 @@ def test_tokens_and_flops_follow_the_published_architecture():
     assert cost.image_tokens(512) == 1024
     assert cost.image_tokens(1280) == 6400
     tokens = 1024 + cost.text_tokens
-    expected = 2 * 20e9 * tokens + 4 * 60 * tokens ** 2 * 3072
+    per_token = 60 * 12 * 3072 ** 2        # one stream's QKV + out + MLP in each of the 60 blocks
+    expected = 2 * per_token * (tokens + 1) + 4 * 60 * tokens ** 2 * 3072   # + the modulation, once per image
     assert cost.forward_flops(512) == pytest.approx(expected)
+    # a token passes one of the two streams, so about a third of 2 x 20B parameters x tokens
+    assert 0.3 < cost.forward_flops(512) / (2 * 20e9 * tokens) < 0.4
     # attention grows quadratically: the 1280 forward costs more than its token ratio
     token_ratio = (6400 + cost.text_tokens) / (1024 + cost.text_tokens)
     assert cost.forward_flops(1280) / cost.forward_flops(512) > token_ratio
@@ -100,7 +106,7 @@ def test_calibration_reproduces_the_measured_step_times(tmp_path):
     from roll_spotlight.sim.costmodel import load_calibration
 
     path = _gpu_check_json(tmp_path, {512: (0.35, 1.4), 1280: (1.9, 7.5)})
-    assert CostModel().calibration == "assumed"
+    assert CostModel().calibration == PUBLISHED_CALIBRATION
     for resolution, (guided, micro) in ((512, (0.35, 1.4)), (1280, (1.9, 7.5))):
         cost = CostModel().with_calibration(path, resolution)
         assert cost.calibration == str(path)
@@ -164,3 +170,44 @@ def test_micro_batches_add_up_to_the_update_on_one_gpu(resolution):
     images = cost.images_per_iteration()
     total = cost.train_micro_batches(images) * cost.train_micro_batch_s(resolution)
     assert total == pytest.approx(cost.train_s(images, resolution, 1))
+
+
+# ---- GPU types ------------------------------------------------------------------------------------
+def test_every_gpu_names_its_datasheet():
+    assert {"h100", "h800", "h200", "a100"} <= set(GPUS)
+    for name, spec in GPUS.items():
+        assert "datasheet" in spec.source, name
+        assert spec.peak_bf16_tflops > 0 and spec.memory_gib > 0 and spec.nvlink_gb_s > 0, name
+    assert GPUS["h200"].memory_gib > GPUS["h100"].memory_gib
+    assert GPUS["h800"].nvlink_gb_s < GPUS["h100"].nvlink_gb_s
+
+
+def test_a_gpu_swaps_its_peak_and_link_and_keeps_the_calibrated_mfus():
+    h100 = CostModel()
+    assert h100.gpu == "h100" and h100.gpu_peak_tflops == GPUS["h100"].peak_bf16_tflops
+    a100, h800 = h100.with_gpu("A100"), h100.with_gpu("h800")
+    assert a100.gpu == "a100" and a100.rollout_mfu == h100.rollout_mfu and a100.train_mfu == h100.train_mfu
+    assert a100.step_s(512) / h100.step_s(512) == pytest.approx(989.0 / 312.0)
+    assert a100.train_micro_batch_s(512) / h100.train_micro_batch_s(512) == pytest.approx(989.0 / 312.0)
+    assert h800.step_s(512) == pytest.approx(h100.step_s(512))            # same compute
+    assert h800.nvlink_s(1e9) / h100.nvlink_s(1e9) == pytest.approx(900.0 / 400.0)
+    assert h800.with_gpu("h100").nvlink_copy_gb_s == pytest.approx(h100.nvlink_copy_gb_s)
+    assert "H800" in h800.sources["gpu_peak_tflops"] and "H800" in h800.sources["nvlink_copy_gb_s"]
+
+
+@pytest.mark.parametrize("bad", ["h900", "", "v100"])
+def test_an_unknown_gpu_lists_the_known_ones(bad):
+    with pytest.raises(ValueError, match=r"unknown GPU .*known GPUs: \['a100', 'h100', 'h200', 'h800'\]"):
+        CostModel().with_gpu(bad)
+    with pytest.raises(ValueError, match="unknown GPU"):
+        CostModel(gpu=bad)
+
+
+def test_transfers_take_their_bytes_over_their_link():
+    cost = CostModel()
+    assert cost.network_s(12.5e9) == pytest.approx(1.0)
+    assert cost.nvlink_s(cost.nvlink_copy_gb_s * 1e9) == pytest.approx(1.0)
+    assert cost.storage_s(cost.model_bytes()) == pytest.approx(cost.weight_load_storage_s())
+    assert cost.gradient_report_s(True, 1, nbytes=1e9) == pytest.approx(cost.network_s(1e9))
+    assert cost.gradient_report_s(True, 4, nbytes=1e9) == pytest.approx(cost.network_s(1e9) + cost.nvlink_s(1e9))
+    assert cost.train_micro_batch_s(512, 8) == pytest.approx(2 * cost.train_micro_batch_s(512, 4))

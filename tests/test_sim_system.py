@@ -46,6 +46,34 @@ def test_vanilla_iteration_is_the_analytic_sum_of_phases(resolution, ondemand):
     assert result.preemptions == 0 and result.spot_idle_fraction is None
 
 
+@pytest.mark.parametrize("name", ["vanilla", "naive_spot", "spotlight", "spotlight_train"])
+def test_the_wall_phases_of_an_iteration_add_up_to_it(name):
+    result = run_one(name, spot=0 if name == "vanilla" else 8)
+    wall = result.phases_per_iteration["wall_s"]
+    assert set(wall) == {"rollout", "reward", "train", "sync"}
+    assert sum(wall.values()) == pytest.approx(result.time_per_iteration_s, rel=1e-9)
+    assert wall["train"] == pytest.approx(result.mean_train_phase_s, rel=1e-9)
+    for kind in ("ondemand", "spot"):
+        per_iteration = result.phases_per_iteration[f"{kind}_gpu_s"]
+        assert per_iteration == pytest.approx({p: s / 3 for p, s in result.phase_seconds[kind].items()})
+    billed = result.ondemand_gpu_hours * 3600 / 3
+    assert sum(result.phases_per_iteration["ondemand_gpu_s"].values()) == pytest.approx(billed, rel=1e-6)
+
+
+def test_a_colocated_reward_runs_after_the_rollouts_on_the_rollout_gpus():
+    cost = small_cost(reward_workers=2, reward_s_ocr=0.5)
+    servers = run_one("vanilla", ondemand=4, spot=0, cost=cost)
+    colocated = run_one("vanilla", ondemand=4, spot=0, cost=cost, reward_colocated=True)
+    images = cost.images_per_iteration()
+    phase_s = images * 0.5 / 2                  # every image scored after the last rollout, 2 at a time
+    assert colocated.phases_per_iteration["wall_s"]["reward"] == pytest.approx(phase_s)
+    tail_s = 2 * 0.5                            # servers: only the last wave of 4 images, 2 at a time
+    assert servers.phases_per_iteration["wall_s"]["reward"] == pytest.approx(tail_s)
+    assert colocated.time_per_iteration_s == pytest.approx(servers.time_per_iteration_s + phase_s - tail_s)
+    assert colocated.phases_per_iteration["ondemand_gpu_s"]["reward"] == pytest.approx(4 * phase_s)
+    assert servers.phase_seconds["ondemand"]["reward"] == 0.0
+
+
 def test_exploration_on_the_critical_path_costs_rollout_time():
     cost = small_cost()
     vanilla = run_one("vanilla", spot=0, cost=cost)

@@ -39,7 +39,7 @@ spotlight_train    roll out    none: spot GPUs      commit in-flight  warm, as s
 Training (``Training``): ``ONDEMAND`` is Flow-GRPO's FSDP update on the on-demand GPUs only
 (``CostModel.train_s``); ``QUEUE`` splits the update into TRAIN micro-batch requests that every
 on-demand and spot worker pulls from the same queue, each reporting one gradient sum per lease
-batch (issue 42). ``spotlight_train`` computes vanilla's update (same samples, same gradient up to
+batch. ``spotlight_train`` computes vanilla's update (same samples, same gradient up to
 float summation order), so it takes vanilla's measured iterations to target.
 
 All use the same pull-based ``RequestQueue`` (a static split would only make naive_spot look

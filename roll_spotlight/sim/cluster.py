@@ -39,6 +39,7 @@ class Phase(enum.Enum):
     IDLE = "idle"
     ROLLOUT = "rollout"
     EXPLORE = "explore"
+    REWARD = "reward"      # scoring rollouts on the rollout GPUs (colocated reward)
     TRAIN = "train"
     SYNC = "sync"          # receiving new weights
     REPORT = "report"      # sending a gradient sum to the trainer (spot training)
@@ -47,7 +48,7 @@ class Phase(enum.Enum):
     REGROUP = "regroup"    # forming an SP group (warm: sub-second; cold: NCCL init)
 
 
-BUSY_PHASES = frozenset({Phase.ROLLOUT, Phase.EXPLORE, Phase.TRAIN})
+BUSY_PHASES = frozenset({Phase.ROLLOUT, Phase.EXPLORE, Phase.REWARD, Phase.TRAIN})
 
 
 @dataclass(frozen=True)

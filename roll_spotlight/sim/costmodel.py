@@ -5,26 +5,35 @@ One table, :data:`CONSTANTS`, holds each constant with its unit and its source: 
 an explicit ``assumption``. :class:`CostModel` carries the values (overridable from a dict, and
 calibratable with measured regroup times) and derives phase times from them:
 
-- a denoising step costs ``cfg_forwards`` transformer forwards of ``2*params*tokens`` FLOPs for the
-  dense layers plus ``4*layers*tokens^2*hidden`` for attention (QK^T and AV), at
+- a denoising step costs ``cfg_forwards`` transformer forwards. Qwen-Image's 60 blocks are two
+  streams: an image token passes only the image stream's linears, a text token only the text
+  stream's (QKV + out 4 d^2, MLP 8 d^2: ``12*hidden^2*layers`` parameters per token), and the
+  modulation linears (the other third of the 20B) run once per image; joint attention adds
+  ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image
+  (its docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of
+  ``2*params*tokens``. The step runs at
   ``peak*mfu`` FLOP/s, divided over an SP group of degree d with efficiency
   ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
 - a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
   the SDE-window steps are trained;
 - restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth);
-- with spot training (issue 42) the update is micro-batches of ``train_micro_batch_images``
+- with spot training the update is micro-batches of ``train_micro_batch_images``
   samples at one trained step, each on one GPU (``train_micro_batch_s``); a worker reports one
   gradient sum per lease batch (the LoRA adapters' bytes, ``gradient_report_s``) and the trainer
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-Nothing here is measured at scale: numbers derived from this model are *simulated* and reports must
-say so. Exploration's effect on convergence is not modelled at all (see ``run.time_to_target``).
+The MFUs are calibrated (``sim.reference``): the simulator's vanilla on verl-omni's published
+Qwen-Image LoRA run (4 x H800, 420 s per step) reproduces that step time. The reference publishes no
+split between generation and training, so the ratio of ``train_mfu`` to ``rollout_mfu`` stays an
+assumption. ``with_gpu(name)`` swaps the datasheet figures of another GPU (``sim.gpus``) and keeps
+the MFUs. Numbers derived from this model are *simulated* and reports must say so. Exploration's
+effect on convergence is not modelled at all (see ``run.time_to_target``).
 
-GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the assumed
+GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the published
 ``rollout_mfu`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py`` JSON implies (its
 guided step and training micro-step at that resolution, see :func:`load_calibration`); the model's
-``calibration`` field says which was used: ``"assumed"`` or the file.
+``calibration`` field says which was used: ``PUBLISHED_CALIBRATION`` or the file.
 """
 from __future__ import annotations
 
@@ -35,8 +44,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from roll_spotlight.sim.gpus import GPUS, gpu_spec
+
 SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
 SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransformer2DModel defaults)"
+VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
+SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
+                         "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
+# rollout_mfu as sim.reference.calibrate_mfus derives it from the published run (a test pins it);
+# train_mfu at the assumed 0.30 / 0.40 of it: the run publishes no split.
+ASSUMED_TRAIN_TO_ROLLOUT_MFU = 0.75
+CALIBRATED_ROLLOUT_MFU = 0.249
+CALIBRATED_TRAIN_MFU = ASSUMED_TRAIN_TO_ROLLOUT_MFU * CALIBRATED_ROLLOUT_MFU
+PUBLISHED_CALIBRATION = "published: verl-omni Qwen-Image LoRA on 4 x H800, 420 s per step"
 
 
 @dataclass(frozen=True)
@@ -60,16 +80,22 @@ CONSTANTS: dict[str, Constant] = {
     "text_tokens": Constant(128, "tokens", "assumption: typical OCR/GenEval prompt length after templating"),
     "bytes_per_param": Constant(2, "bytes", "bf16 weights (Flow-GRPO mixed_precision=bf16)"),
     # --- hardware ---
-    "gpu_peak_tflops": Constant(989.0, "TFLOP/s", "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16 "
-                                                  "(H200 has the same compute)"),
-    "rollout_mfu": Constant(0.40, "fraction of peak", "assumption: DiT inference at ~1-7k tokens per image"),
-    "train_mfu": Constant(0.30, "fraction of peak", "assumption: LoRA + FSDP + activation checkpointing + "
-                                                   "optimizer offload (Flow-GRPO qwenimage settings)"),
+    "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
+    "rollout_mfu": Constant(CALIBRATED_ROLLOUT_MFU, "fraction of peak",
+                            f"calibrated: {SOURCE_VERL_OMNI_PERF}; with it (and train_mfu = 0.75 x it) the "
+                            "simulator's vanilla of that run (sim.reference) takes the published 420 s. An "
+                            "effective figure, absorbing that stack's overheads (parameter offload, engine "
+                            "sleep/wake); applied to every GPU's peak (assumption: the same fraction)"),
+    "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
+                          f"calibrated with rollout_mfu on the same run ({VERL_OMNI} docs/algo/performance.md) "
+                          "at the assumed 0.75 x rollout_mfu: the run publishes no split between generation "
+                          "and training"),
     "sp_overhead_per_rank": Constant(0.04, "fraction per extra rank",
                                      "assumption: Ulysses all-to-all cost inside one NVLink node"),
     "sp_cross_node_factor": Constant(4.0, "x", "assumption: all-to-all over the network instead of NVLink"),
-    "nvlink_copy_gb_s": Constant(150.0, "GB/s", "assumption: effective GPU-to-GPU copy on one node "
-                                                "(H100 NVLink peak is 900 GB/s, datasheet)"),
+    "nvlink_copy_gb_s": Constant(150.0, "GB/s", "assumption: effective GPU-to-GPU copy on one node, 1/6 "
+                                                "of the NVLink peak (H100: 900 GB/s, datasheet); "
+                                                "with_gpu keeps the fraction"),
     "network_gb_s": Constant(12.5, "GB/s", "assumption: 100 Gbit/s between nodes"),
     "storage_gb_s": Constant(1.0, "GB/s", "assumption: checkpoint read from cloud object storage / disk"),
     # --- Flow-GRPO workload ---
@@ -81,8 +107,10 @@ CONSTANTS: dict[str, Constant] = {
                                                                          "/ 16 per prompt"),
     "trained_steps": Constant(2, "steps per image", SOURCE_FLOW_GRPO + ": sde_window_size=2"),
     "noise_level": Constant(1.2, "a", SOURCE_FLOW_GRPO + ": noise_level=1.2 (does not change step time)"),
-    "train_flops_multiplier": Constant(3.0, "x forward", "forward + backward ~ 3 forwards (2N + 4N FLOPs "
-                                                         "per token, Kaplan et al. 2020)"),
+    "train_flops_multiplier": Constant(3.0, "x forward", "LoRA with activation checkpointing (the Qwen-Image "
+                                                         "recipes): forward + recomputed forward + the "
+                                                         "input-gradient backward (frozen weights get no "
+                                                         "weight gradient) ~ 3 forwards"),
     "explore_steps": Constant(10, "denoising steps", "assumption: explore with the rollout schedule, so "
                                                      "a seed's trajectory is the one regenerated"),
     "explore_seeds_critical": Constant(16, "seeds per prompt", "assumption: exploration on the critical "
@@ -105,7 +133,7 @@ CONSTANTS: dict[str, Constant] = {
                                             "'Qwen-Image'): flow_grpo's LoRA r=64, 424,673,280 trainable "
                                             "parameters in fp32 (peft default) = 1.70 GB; a weight version "
                                             "and a gradient sum each weigh this much"),
-    # --- spot training: the update as micro-batches through the queue (issue 42) ---
+    # --- spot training: the update as micro-batches through the queue ---
     "train_micro_batch_images": Constant(4, "samples per micro-batch", SOURCE_FLOW_GRPO + ": train.batch_size "
                                                                        "= sample.train_batch_size = 4 (at one "
                                                                        "trained step; configs/qwen_image_*.yaml: "
@@ -155,14 +183,16 @@ class CostModel:
     """The constants in force, and the phase times derived from them.
 
     ``values`` maps every name of :data:`CONSTANTS` to a number; ``sources`` says where each one
-    comes from now (a published number, ``"override"`` or ``"measured: ..."``). Derived times are
-    methods, so an override of one constant moves every time that depends on it.
+    comes from now (a published number, ``"override"`` or ``"measured: ..."``); ``gpu`` names the
+    GPU type whose datasheet figures are in force (``sim.gpus``). Derived times are methods, so an
+    override of one constant moves every time that depends on it.
     """
 
     values: Mapping[str, float] = field(default_factory=_defaults)
     sources: Mapping[str, str] = field(default_factory=_default_sources)
     reward: str = "ocr"
-    calibration: str = "assumed"   # or the gpu_check JSON the per-step GPU times come from
+    calibration: str = PUBLISHED_CALIBRATION   # or the gpu_check JSON the per-step GPU times come from
+    gpu: str = "h100"
 
     def __post_init__(self) -> None:
         missing = sorted(set(CONSTANTS) - set(self.values))
@@ -174,6 +204,7 @@ class CostModel:
                 raise ValueError(f"CostModel.{name} must be > 0, got {value!r}")
         if self.reward not in ("ocr", "geneval"):
             raise ValueError(f"CostModel.reward must be 'ocr' or 'geneval', got {self.reward!r}")
+        gpu_spec(self.gpu)
 
     def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("values", {})
@@ -226,6 +257,17 @@ class CostModel:
                      "storage_gb_s": model.storage_gb_s / f}
         return model.with_overrides(parts, source=f"measured: {note} (cold_restart_s={cold})")
 
+    def with_gpu(self, name: str) -> CostModel:
+        """A copy on GPU ``name`` (``sim.gpus``; unknown: ValueError listing the known ones): its dense
+        peak, and the NVLink copy rate scaled by its NVLink bandwidth. The MFUs are kept (calibrated on
+        H800: the same fraction of another peak is an assumption)."""
+        spec, now = gpu_spec(name), gpu_spec(self.gpu)
+        nvlink = self.nvlink_copy_gb_s * spec.nvlink_gb_s / now.nvlink_gb_s
+        model = self.with_overrides({"gpu_peak_tflops": spec.peak_bf16_tflops}, source=spec.source)
+        model = model.with_overrides({"nvlink_copy_gb_s": nvlink},
+                                     source=f"{self.sources['nvlink_copy_gb_s']}; scaled to {spec.name}")
+        return dataclasses.replace(model, gpu=name.strip().lower())
+
     def with_calibration(self, path: str | Path, resolution: int | None = None, *,
                          allow_tiny: bool = False) -> CostModel:
         """A copy whose ``rollout_mfu`` and ``train_mfu`` come from a gpu_check JSON (see
@@ -245,10 +287,16 @@ class CostModel:
         side = resolution // int(self.pixels_per_token)
         return side * side
 
+    def token_params(self) -> float:
+        """Parameters one token passes: its stream's attention projections and MLP in every block
+        (4 + 8 hidden^2), the per-image modulation weighs the same once per image."""
+        return 12.0 * self.hidden_dim ** 2 * self.num_layers
+
     def forward_flops(self, resolution: int) -> float:
-        """FLOPs of one transformer forward on one image (image + text tokens)."""
+        """FLOPs of one transformer forward on one image: each token through its own stream, the
+        modulation once, joint attention over image + text tokens."""
         tokens = self.image_tokens(resolution) + self.text_tokens
-        dense = 2.0 * self.params_b * 1e9 * tokens
+        dense = 2.0 * self.token_params() * (tokens + 1)
         attention = 4.0 * self.num_layers * tokens * tokens * self.hidden_dim
         return dense + attention
 
@@ -291,24 +339,39 @@ class CostModel:
         trained step (the update's gradient is their sum)."""
         return math.ceil(images / self.train_micro_batch_images) * int(self.trained_steps)
 
-    def train_micro_batch_s(self, resolution: int) -> float:
-        """One full micro-batch on one GPU: the same FLOPs per sample and MFU as ``train_s``."""
-        flops = self.train_micro_batch_images * self.train_image_step_flops(resolution)
+    def train_micro_batch_s(self, resolution: int, images: int | None = None) -> float:
+        """One micro-batch of ``images`` samples (default a full one) at one trained step on one GPU:
+        the same FLOPs per sample and MFU as ``train_s``."""
+        images = self.train_micro_batch_images if images is None else images
+        flops = images * self.train_image_step_flops(resolution)
         return flops / (self.gpu_peak_tflops * 1e12 * self.train_mfu)
 
     def reward_s(self) -> float:
         """Scoring time of one image on one reward worker."""
         return self.reward_s_ocr if self.reward == "ocr" else self.reward_s_geneval
 
+    # ---- transfers of a given size ------------------------------------------------------------
+    def network_s(self, nbytes: float) -> float:
+        """``nbytes`` between nodes (a weight publish or fetch, a spot worker's gradient sum)."""
+        return nbytes / (self.network_gb_s * 1e9)
+
+    def nvlink_s(self, nbytes: float) -> float:
+        """``nbytes`` between two GPUs of one node (a peer weight copy, an SP group's gradient sum)."""
+        return nbytes / (self.nvlink_copy_gb_s * 1e9)
+
+    def storage_s(self, nbytes: float) -> float:
+        """``nbytes`` read from checkpoint storage."""
+        return nbytes / (self.storage_gb_s * 1e9)
+
     # ---- weights, restarts, joins -------------------------------------------------------------
     def weight_load_storage_s(self) -> float:
-        return self.model_bytes() / (self.storage_gb_s * 1e9)
+        return self.storage_s(self.model_bytes())
 
     def weight_copy_nvlink_s(self) -> float:
-        return self.model_bytes() / (self.nvlink_copy_gb_s * 1e9)
+        return self.nvlink_s(self.model_bytes())
 
     def weight_copy_network_s(self) -> float:
-        return self.model_bytes() / (self.network_gb_s * 1e9)
+        return self.network_s(self.model_bytes())
 
     def adapter_bytes(self) -> float:
         """A weight version, and a gradient sum: the LoRA adapters (same shape and dtype)."""
@@ -317,15 +380,16 @@ class CostModel:
     def publish_s(self) -> float:
         """A new weight version from the trainer to the spot workers: the adapters over the network
         (the frozen base is already on every worker)."""
-        return self.adapter_bytes() / (self.network_gb_s * 1e9)
+        return self.network_s(self.adapter_bytes())
 
-    def gradient_report_s(self, over_network: bool, degree: int = 1) -> float:
-        """One gradient sum reaching the trainer: an SP group first sums its members' over NVLink,
-        then the sum crosses the network (a spot worker) or NVLink (on the trainer's node)."""
+    def gradient_report_s(self, over_network: bool, degree: int = 1, nbytes: float | None = None) -> float:
+        """One gradient sum of ``nbytes`` (default the adapters) reaching the trainer: an SP group
+        first sums its members' over NVLink, then the sum crosses the network (a spot worker) or
+        NVLink (on the trainer's node)."""
         assert degree >= 1, degree
-        nvlink_s = self.adapter_bytes() / (self.nvlink_copy_gb_s * 1e9)
-        link_s = self.adapter_bytes() / (self.network_gb_s * 1e9) if over_network else nvlink_s
-        return (nvlink_s if degree > 1 else 0.0) + link_s
+        nbytes = self.adapter_bytes() if nbytes is None else nbytes
+        link_s = self.network_s(nbytes) if over_network else self.nvlink_s(nbytes)
+        return (self.nvlink_s(nbytes) if degree > 1 else 0.0) + link_s
 
     def cold_restart_s(self) -> float:
         """A broken SP group restarted the naive way: new processes, NCCL init, weights from storage."""
@@ -361,8 +425,8 @@ def load_calibration(path: str | Path, resolution: int | None = None, *, allow_t
     """The constants a gpu_check JSON replaces: ``{"rollout_mfu": ..., "train_mfu": ...}``.
 
     The measured times are turned back into the MFU the cost model's FLOP formula needs to reproduce
-    them (with the measurement's own text-token count; ``base``'s other constants, default the
-    assumed ones): a guided step is ``cfg_forwards`` forwards, so
+    them (with the measurement's own text-token count; ``base``'s other constants, default
+    ``CostModel()``): a guided step is ``cfg_forwards`` forwards, so
     ``rollout_mfu = cfg_forwards * forward_flops / (peak * guided_step_s)``; a training micro-step is
     the cond + negative forward and backward of one image, so
     ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops / (peak * micro_step_s)``

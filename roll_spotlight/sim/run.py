@@ -22,6 +22,7 @@ from roll_spotlight.sim.baselines import BASELINES, get_baseline
 from roll_spotlight.sim.budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
                                        fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
+from roll_spotlight.sim.gpus import gpu_spec
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
 
@@ -74,11 +75,11 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
                   "window_s": feed.window_s if math.isfinite(feed.window_s) else None},
         "cluster": {"ondemand_gpus": ondemand, "spot_gpus": spot, "gpus_per_spot_node": gpus_per_spot_node,
                     "spot_host_gpus": spot_host_gpus,
-                    "gpu": "H100-class (cost model)", "resolution": resolution},
+                    "gpu": gpu_spec(cost.gpu).name, "resolution": resolution},
         "iterations": iterations,
         "seed": seed,
         "phases": phase_summary(cost, resolution, ondemand),
-        "calibration": cost.calibration,  # "assumed" constants, or the gpu_check file measured on a GPU
+        "calibration": cost.calibration,  # the published calibration, or the gpu_check file measured on a GPU
         "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
                                     "spot": feed.prices.price("spot").usd_per_gpu_hour},
         "exploration_budget": exploration_budget(cost, resolution, ondemand, spot),
@@ -319,7 +320,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     lines = [f"SIMULATED ({result['note']})",
              f"trace={trace['name']} provider={trace['provider']} resolution={result['cluster']['resolution']} "
              f"ondemand={result['cluster']['ondemand_gpus']} spot={result['cluster']['spot_gpus']} "
-             f"iterations={result['iterations']} GPU step times: {result.get('calibration', 'assumed')}",
+             f"iterations={result['iterations']} GPU step times: {result.get('calibration', 'published')}",
              *([f"what-if: {result['what_if']['market']}, model {result['what_if']['params_b']:g}B parameters"]
                if "what_if" in result else []),
              f"{'baseline':<18}{'s/iter':>10}{'$/iter':>10}{'spot idle':>11}{'od idle':>9}"

@@ -10,6 +10,7 @@ restarts and joins cost what the cost model says. Explored rewards are synthetic
 One iteration (docs/design.md section 3)::
 
     ROLLOUT (+rewards) -> TRAIN -> weight sync -> next iteration
+       \-> colocated reward: ROLLOUT -> REWARD on the rollout GPUs -> TRAIN
                             \\-> spot GPUs explore prompts of t+1 (spotlight)
                             \\-> spot and on-demand GPUs pull TRAIN micro-batches (spotlight_train)
 
@@ -44,7 +45,7 @@ from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.engine import PRIORITY_MARKET, EventHandle, EventLoop
 from roll_spotlight.sim.rewards import SyntheticRewards
 from roll_spotlight.sim.spotfeed import SpotFeed
-from roll_spotlight.sim.training import QueueTrainer, TrainRun
+from roll_spotlight.sim.update_model import QueueTrainer, TrainRun
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind, MarketEvent
 
@@ -61,6 +62,10 @@ class SimConfig:
     ``gpus_per_spot_node`` GPUs come with each trace instance; with one GPU per instance,
     ``spot_host_gpus`` > 1 places instances as GPU slots of shared hosts (see ``cluster``), the
     setting under which SP groups stay on one host and newcomers copy weights over NVLink.
+
+    ``reward_colocated``: the reward model shares the rollout GPUs (verl-omni's sync reward), so an
+    iteration's rollouts are scored after the last one, on ``reward_workers`` slots, while the
+    on-demand GPUs are in phase REWARD; by default reward servers score each image as it completes.
     """
 
     resolution: int
@@ -74,6 +79,7 @@ class SimConfig:
     seeds_per_pull: int = 4
     record_timeline: bool = False
     max_sim_s: float = 90 * 24 * 3600.0
+    reward_colocated: bool = False
 
     def __post_init__(self) -> None:
         if self.resolution % 16:
@@ -134,6 +140,10 @@ class BaselineResult:
       micro-batches since the last accepted gradient report.
     - ``mean_train_phase_s``: mean seconds from the start of training to the new weights (before
       the weight sync); ``train``: spot training's micro-batch counts, None for FSDP training.
+    - ``phases_per_iteration``: ``wall_s``, an iteration's wall clock split into rollout (start to
+      the last rollout), reward (to the last score), train (to the new weights) and sync (to the
+      next iteration), summing to ``time_per_iteration_s``; ``ondemand_gpu_s`` and ``spot_gpu_s``,
+      GPU-seconds per iteration in each ``cluster.Phase`` (``phase_seconds`` / iterations).
     - ``mean_group_reward_std``: mean over iterations and prompts of the trained group's reward
       spread, from the *synthetic* reward model (a sanity signal for the planner, not quality).
     """
@@ -162,6 +172,7 @@ class BaselineResult:
     mean_train_phase_s: float = 0.0
     train: dict[str, float] | None = None
     phase_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    phases_per_iteration: dict[str, dict[str, float]] = field(default_factory=dict)
     timeline: list[tuple[str, float, float, str]] | None = None
 
 
@@ -204,6 +215,9 @@ class ClusterSimulation:
         self._down_at = {e.node_id: e.time_s for e in feed.events if e.kind is EventKind.NODE_DOWN}
         self._train_started_at = 0.0
         self._train_phases: list[float] = []
+        self._marks: list[dict[str, float]] = []        # per iteration: when each wall phase ended
+        self._rollouts_left = 0
+        self._unscored: list[tuple[RequestSpec, float]] = []
         self.trainer = QueueTrainer(self) if spec.training is Training.QUEUE else None
 
     # ================================================================ run (table of contents)
@@ -255,6 +269,7 @@ class ClusterSimulation:
     # ================================================================ iterations
     def _begin_iteration(self) -> None:
         self._iteration_starts.append(self.loop.now)
+        self._marks.append({"start": self.loop.now})
         self._set_phase(self.cluster.ondemand_members(), Phase.IDLE)
         if self.spec.exploration is Exploration.CRITICAL:
             self._begin_rollout(*self._critical_batch())
@@ -289,6 +304,7 @@ class ClusterSimulation:
     def _begin_rollout(self, prompts: list[int], seeds: dict[int, list[int]]) -> None:
         specs = [self._spec(p, s, RequestKind.ROLLOUT) for p in prompts for s in seeds[p]]
         self._phase, self._outstanding = IterPhase.ROLLOUT, len(specs)
+        self._rollouts_left = len(specs)
         self._group_rewards = {p: [] for p in prompts}
         self.queue.submit(specs)
         self._wake_all()
@@ -306,7 +322,7 @@ class ClusterSimulation:
     def _begin_train(self) -> None:
         self._record_group_stds()
         self._phase = IterPhase.TRAIN
-        self._train_started_at = self.loop.now
+        self._train_started_at = self._marks[-1]["reward"] = self.loop.now
         images = sum(len(r) for r in self._trained_groups())
         if self.trainer is not None:
             self.trainer.begin(images)
@@ -337,10 +353,11 @@ class ClusterSimulation:
     def _end_train(self) -> None:
         now = self.loop.now
         self._train_phases.append(now - self._train_started_at)
+        self._marks[-1]["train"] = now
         if self.spec.exploration is Exploration.OFF_PATH:
             self._stop_off_path_exploration()
         self._version += 1
-        sync_end = now + self.cost.local_weight_sync_s
+        sync_end = self._marks[-1]["sync"] = now + self.cost.local_weight_sync_s
         for w in self._workers_of(GpuKind.ONDEMAND):
             w.ready_at = max(w.ready_at, sync_end)
         for member in self.cluster.ondemand_members():
@@ -501,11 +518,32 @@ class ClusterSimulation:
 
     # ================================================================ rewards
     def _score(self, lease: Lease, duration_s: float) -> None:
-        """Queue the image on the reward servers (FIFO over ``reward_workers`` slots)."""
+        """A finished image goes to the reward; a colocated reward waits for the last rollout."""
+        request = lease.request
+        if request.kind is RequestKind.ROLLOUT:
+            self._rollouts_left -= 1
+            if self._rollouts_left == 0:
+                self._marks[-1]["rollout"] = self.loop.now
+            if self.config.reward_colocated:
+                self._unscored.append((request, duration_s))
+                if self._rollouts_left == 0:   # after this event: the worker's own bookkeeping runs first
+                    self.loop.schedule(self.loop.now, self._score_colocated)
+                return
+        self._queue_reward(request, duration_s)
+
+    def _score_colocated(self) -> None:
+        """Every rollout is done: the rollout GPUs run the reward model over the iteration's images."""
+        self._set_phase(self.cluster.ondemand_members(), Phase.REWARD)
+        unscored, self._unscored = self._unscored, []
+        for request, duration_s in unscored:
+            self._queue_reward(request, duration_s)
+
+    def _queue_reward(self, request: RequestSpec, duration_s: float) -> None:
+        """FIFO over ``reward_workers`` slots."""
         start = max(self.loop.now, heapq.heappop(self._reward_slots))
         end = start + self.cost.reward_s()
         heapq.heappush(self._reward_slots, end)
-        self.loop.schedule(end, self._on_scored, lease.request, duration_s, self._iteration)
+        self.loop.schedule(end, self._on_scored, request, duration_s, self._iteration)
 
     def _on_scored(self, request, duration_s: float, iteration: int) -> None:
         reward = self.rewards.reward(request.prompt_id, request.seed, request.weight_version)
@@ -518,6 +556,8 @@ class ClusterSimulation:
     def _count_down(self) -> None:
         self._outstanding -= 1
         if self._outstanding == 0:
+            if self.config.reward_colocated:
+                self._set_phase(self.cluster.ondemand_members(), Phase.IDLE)
             self._begin_train()
 
     # ================================================================ spot market
@@ -771,6 +811,7 @@ class ClusterSimulation:
         starts = self._iteration_starts
         times = [b - a for a, b in zip(starts, starts[1:])]
         n = self.config.iterations
+        gpu_s = self._phase_seconds(od_names, spot_names)
         return BaselineResult(
             name=self.spec.name, iterations=n, iteration_times_s=times,
             time_per_iteration_s=end / n, sim_end_s=end,
@@ -787,7 +828,7 @@ class ClusterSimulation:
             mean_group_reward_std=float(np.mean(self._group_stds)) if self._group_stds else 0.0,
             mean_train_phase_s=float(np.mean(self._train_phases)) if self._train_phases else 0.0,
             train=self.trainer.summary(n) if self.trainer is not None else None,
-            phase_seconds=self._phase_seconds(od_names, spot_names),
+            phase_seconds=gpu_s, phases_per_iteration=self._phases_per_iteration(gpu_s),
             timeline=[(i.gpu, i.start_s, i.end_s, i.phase) for i in self.timeline.intervals]
             if self.config.record_timeline else None,
         )
@@ -795,6 +836,26 @@ class ClusterSimulation:
     def _phase_seconds(self, od_names: list[str], spot_names: list[str]) -> dict[str, dict[str, float]]:
         return {kind: {p.value: self.timeline.seconds(names, frozenset({p})) for p in Phase}
                 for kind, names in (("ondemand", od_names), ("spot", spot_names))}
+
+    def _phases_per_iteration(self, gpu_s: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        n = self.config.iterations
+        return {"wall_s": _wall_phases(self._marks),
+                **{f"{kind}_gpu_s": {p: s / n for p, s in phases.items()} for kind, phases in gpu_s.items()}}
+
+
+_WALL_PHASES = ("rollout", "reward", "train", "sync")   # each ends at the mark of its name
+
+
+def _wall_phases(marks: list[dict[str, float]]) -> dict[str, float]:
+    """Mean wall seconds per iteration of each phase, from the marks of the finished iterations."""
+    done = [m for m in marks if "sync" in m]
+    out = dict.fromkeys(_WALL_PHASES, 0.0)
+    for m in done:
+        start = m["start"]
+        for name in _WALL_PHASES:
+            out[name] += (m[name] - start) / len(done)
+            start = m[name]
+    return out
 
 
 def _idle(busy_s: float, billed_s: float) -> float:

@@ -1,6 +1,6 @@
-"""Spot training in the simulator: the update as TRAIN micro-batch requests through the queue.
+"""The simulator's model of the update through the queue (spot training): TRAIN micro-batch requests.
 
-For a baseline whose ``training`` is ``Training.QUEUE`` (issue 42) the training phase submits one
+For a baseline whose ``training`` is ``Training.QUEUE`` the training phase submits one
 TRAIN request per micro-batch (``MicroBatch``: ``train_micro_batch_images`` rows at one trained
 step, chunk-major and step-minor as the runtime plans them). Every worker, on-demand or spot (an
 SP group whose GPUs train data-parallel), pulls ``train_lease_micro_batches`` per GPU, computes

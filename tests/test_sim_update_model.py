@@ -1,4 +1,4 @@
-"""Tier 1: spot training in the simulator (the update as TRAIN micro-batches through the queue)."""
+"""Tier 1: the simulator's model of the update (spot training: TRAIN micro-batches through the queue)."""
 import dataclasses
 from collections import defaultdict
 
