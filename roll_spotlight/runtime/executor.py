@@ -12,7 +12,6 @@ about 2.5x a B=1 forward on these cores).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -20,19 +19,7 @@ import torch
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutState, SdeWindow, Trajectory, rollout, sigma_schedule
-from roll_spotlight.runtime.outputs import RolloutOutput  # torch-free: the queue actor unpickles it
-
-
-@dataclass(frozen=True)
-class Committed:
-    state: InFlightState
-    steps_run: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    output: RolloutOutput | None  # None when run with decode=False
-    steps_run: int
+from roll_spotlight.runtime.outputs import Committed, Finished, RolloutOutput  # torch-free
 
 
 def window_of(request: Request) -> SdeWindow:

@@ -1,4 +1,4 @@
-"""What a finished rollout request returns, in a module that imports neither torch nor ray.
+"""What a rollout lease ends with, in a module that imports neither torch nor ray.
 
 It crosses process boundaries: rollout workers send it to the queue actor in ``complete``, and
 unpickling a class imports its module. Defined next to the executor (which imports torch), the
@@ -24,3 +24,17 @@ class RolloutOutput:
     image: np.ndarray  # (H, W, 3) uint8
     weight_version: int
     resumed_from: int  # step the final lease started at (0 = not resumed)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A lease stopped early (a notice or a leave): the state the queue resumes from elsewhere."""
+
+    state: object  # dispatch.requests.InFlightState
+    steps_run: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    output: RolloutOutput | None  # None when run with decode=False (an SP follower)
+    steps_run: int

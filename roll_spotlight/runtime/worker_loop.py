@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, MicroBatch, RequestKind
-from roll_spotlight.runtime.executor import Committed, Finished
+from roll_spotlight.runtime.outputs import Committed, Finished
 
 TRAIN_ONLY = (RequestKind.TRAIN,)
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # idle polling backs off between these
