@@ -132,22 +132,33 @@ class SPRolloutGroup:
     """A worker's side of its group: the process group, Ulysses on the policy, the two decisions.
 
     The constructor blocks until every member has joined. The head count of the policy's
-    transformer and its image-token count must be divisible by ``size`` (checked by Ulysses)."""
+    transformer and its image-token count must be divisible by ``size`` (checked by Ulysses).
+    ``policy`` None: a group of emulated GPUs (`runtime.emulated`), the collectives without a model."""
 
     def __init__(self, policy, membership: SPMembership) -> None:
         from roll_spotlight.elastic.comm import make_process_group
-        from roll_spotlight.elastic.ulysses import apply_ulysses
 
         self.membership = membership
         self.policy = policy
-        self.device = policy.device
+        self.device = policy.device if policy is not None else _cpu()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         store = membership.rendezvous.connect(membership.timeout_s)
         self.group = make_process_group(store, membership.prefix, membership.rank, membership.size,
                                         backend=backend, timeout_s=membership.timeout_s,
                                         loopback=membership.rendezvous.loopback)
         self._store = store  # keep the store client alive as long as the group
-        apply_ulysses(policy.transformer, self.group)
+        self._ulysses(True)
+
+    def _ulysses(self, on: bool) -> None:
+        """Shard the policy's attention over the group (Ulysses), or undo it; no policy: nothing."""
+        if self.policy is None:
+            return
+        from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
+
+        if on:
+            apply_ulysses(self.policy.transformer, self.group)
+        else:
+            remove_ulysses(self.policy.transformer)
 
     @property
     def rank(self) -> int:
@@ -178,17 +189,19 @@ class SPRolloutGroup:
     def data_parallel(self) -> Iterator[None]:
         """The policy unsharded for the block: the ranks train data-parallel, each on its own
         micro-batches (Ulysses shards one image, and its collectives carry no autograd)."""
-        from roll_spotlight.elastic.ulysses import apply_ulysses, remove_ulysses
-
-        remove_ulysses(self.policy.transformer)
+        self._ulysses(False)
         try:
             yield
         finally:
-            apply_ulysses(self.policy.transformer, self.group)
+            self._ulysses(True)
 
     def close(self) -> None:
         """Leave: the policy runs unsharded again (the process group is dropped with this object)."""
-        from roll_spotlight.elastic.ulysses import remove_ulysses
+        self._ulysses(False)
 
-        remove_ulysses(self.policy.transformer)
 
+
+def _cpu():
+    import torch
+
+    return torch.device("cpu")
