@@ -5,6 +5,7 @@ Each subcommand imports what it needs when it runs, so `spotlight --help` stays 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -51,6 +52,10 @@ def cmd_train(args) -> int:
     if args.resume:
         _check_resumable(run_dir)
     cfg = _with_trace(cfg, args.trace)
+    if args.iterations is not None:
+        if args.iterations < 1:
+            raise ValueError(f"--iterations must be >= 1, got {args.iterations}")
+        cfg = dataclasses.replace(cfg, max_steps=args.iterations)
     if args.check:
         return _check_only(cfg, args)
     set_threads(args.threads)
@@ -63,8 +68,6 @@ def _with_trace(cfg, trace: str | None):
     """`--trace FILE`: spot workers on, the market replays FILE instead of the configured one."""
     if trace is None:
         return cfg
-    import dataclasses
-
     if not Path(trace).exists():
         raise FileNotFoundError(f"--trace {trace}: no such file or folder")
     return dataclasses.replace(cfg, spot=dataclasses.replace(cfg.spot, enabled=True, trace=trace))
@@ -79,7 +82,8 @@ def _train(cfg, run_dir: Path, args, resume: bool = False):
 
 def _placement(args) -> WorkerPlacement:
     return WorkerPlacement(ray=bool(getattr(args, "ray", False)), address=getattr(args, "address", None),
-                           workers=args.workers, sp_degree=getattr(args, "sp_degree", 1))
+                           workers=args.workers, sp_degree=getattr(args, "sp_degree", 1),
+                           emulate=getattr(args, "emulate", None), time_scale=getattr(args, "time_scale", 1.0))
 
 
 def _check_only(cfg, args) -> int:
@@ -211,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="on-demand rollout workers with --ray")
     p.add_argument("--sp-degree", type=int, default=1,
                    help="with --ray: rollout workers per SP group (Ulysses; must divide --workers and the head count)")
+    p.add_argument("--emulate", metavar="GPU", help="a dry run on emulated GPUs (h100, h800, h200, a100): every "
+                   "compute phase waits its calibrated duration; spot nodes are local raylets the trace drives")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="with --emulate: modelled seconds per wall second (the trace runs as fast)")
+    p.add_argument("--iterations", type=int, help="run this many iterations (max_steps)")
     _add_trace_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("quickstart", help="the embedded default: tiny task on a local Ray, with a report")

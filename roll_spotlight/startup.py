@@ -8,6 +8,7 @@ so a failed start leaves no half-written run behind (a crash after that is what 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -32,16 +33,21 @@ class WorkerPlacement:
     """Where the loop's workers run: in this process (`ray=False`) or on Ray actors.
 
     `address` joins an existing Ray cluster (None: a local one); `workers` on-demand rollout
-    workers in SP groups of `sp_degree`. A run with spot workers always runs on Ray.
+    workers in SP groups of `sp_degree`. A run with spot workers always runs on Ray. `emulate`
+    names a GPU type (`sim.gpus`): every worker's compute waits its calibrated duration on that
+    GPU, divided by `time_scale`, instead of running the model (`runtime.emulated`); spot nodes
+    are then raylets of a local cluster that the spot trace starts, drains and kills.
     """
 
     ray: bool = False
     address: str | None = None
     workers: int = 2
     sp_degree: int = 1
+    emulate: str | None = None
+    time_scale: float = 1.0
 
     def on_ray(self, cfg) -> bool:
-        return self.ray or self.address is not None or cfg.spot.enabled
+        return self.ray or self.address is not None or cfg.spot.enabled or self.emulate is not None
 
 
 def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callable[[str], str] = str) -> None:
@@ -53,10 +59,12 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
     `key` renames RunConfig's keys in messages to a host's names (the ROLL recipes' `pretrain`).
     """
     from roll_spotlight.config import ConfigError
-    from roll_spotlight.rewards.configured import configured_reward
 
     placement = placement or WorkerPlacement()
-    if missing := missing_paths(cfg, key=key):
+    emulated = placement.emulate is not None
+    if emulated:
+        check_emulation(cfg, placement)
+    if missing := missing_paths(cfg, key=key, models=not emulated):
         raise ConfigError("local files or directories this run needs are missing: " + "; ".join(missing))
     if cfg.spot.enabled and cfg.spot.trace:
         from roll_spotlight.spot.traces import load_trace
@@ -64,15 +72,8 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
         load_trace(cfg.spot.trace)
     if cfg.task.name == "prompts":
         check_prompt_files(cfg)
-    if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
-        raise ConfigError(f"{key('model.path')}: model directory {cfg.model.path!r} does not exist "
-                          f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
-    try:
-        configured_reward(cfg.reward)
-    except (ValueError, TypeError, OSError, ImportError) as err:
-        kwargs = key("reward.weights" if cfg.reward.weights else "reward.kwargs")
-        raise ConfigError(f"{key('reward')}: cannot build reward {cfg.reward.name!r} ({kwargs}={cfg.reward.kwargs!r}): "
-                          f"{type(err).__name__}: {err}") from err
+    if not emulated:  # an emulated run loads neither the model nor the reward's
+        check_model_and_reward(cfg, key)
     if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
         from roll_spotlight.models.memory_plan import check_memory_plan
 
@@ -93,20 +94,63 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
                                  degree_key="--sp-degree")
 
 
+def check_model_and_reward(cfg, key: Callable[[str], str] = str) -> None:
+    """The model directory exists and the reward builds (name known, kwargs accepted, files it
+    names readable)."""
+    from roll_spotlight.config import ConfigError
+    from roll_spotlight.rewards.configured import configured_reward
+
+    if cfg.model.preset != "tiny" and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"{key('model.path')}: model directory {cfg.model.path!r} does not exist "
+                          f"(preset {cfg.model.preset!r} loads a local diffusers directory)")
+    try:
+        configured_reward(cfg.reward)
+    except (ValueError, TypeError, OSError, ImportError) as err:
+        kwargs = key("reward.weights" if cfg.reward.weights else "reward.kwargs")
+        raise ConfigError(f"{key('reward')}: cannot build reward {cfg.reward.name!r} ({kwargs}={cfg.reward.kwargs!r}): "
+                          f"{type(err).__name__}: {err}") from err
+
+
+def check_emulation(cfg, placement: WorkerPlacement) -> None:
+    """`--emulate GPU`, `--time-scale`: a known GPU, a time-scale > 0, a memory plan that fits the
+    emulated GPU, and no more emulated GPUs than this machine holds. Errors name the option."""
+    from roll_spotlight.models.memory_plan import fit_errors
+    from roll_spotlight.runtime.emulated import check_capacity, emulated_gpus
+    from roll_spotlight.sim.gpus import gpu_spec
+
+    try:
+        spec = gpu_spec(placement.emulate)
+    except ValueError as err:
+        raise ValueError(f"--emulate: {err}") from None
+    if not placement.time_scale > 0:
+        raise ValueError(f"--time-scale must be > 0, got {placement.time_scale!r}")
+    fitted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gpu_memory_gb=spec.memory_gib))
+    plan = memory_plan_of(fitted, placement)
+    errors = fit_errors(plan)
+    if cfg.spot_trains() and not plan.fits("trainer"):
+        errors.append(f"spot workers that train hold the trainer's plan, {plan.total_gib('trainer'):.1f} GiB")
+    if errors:
+        raise ValueError(f"--emulate {placement.emulate}: the memory plan does not fit a {spec.name} "
+                         f"({spec.memory_gib:g} GiB): {errors[0]}")
+    check_capacity(emulated_gpus(cfg, placement.workers), cfg.spot.gpus_per_node)
+
+
 MISSING_PREFIX = "/missing/"  # recipes default an unset ${oc.env:VAR} to /missing/VAR
 
 
-def missing_paths(cfg, *, key: Callable[[str], str] = str) -> list[str]:
+def missing_paths(cfg, *, key: Callable[[str], str] = str, models: bool = True) -> list[str]:
     """Every local path the run names that does not exist, as "key=path" lines (with the
     environment variable to set when a recipe's placeholder stands in for it; `key` as in
-    `check_startup`)."""
+    `check_startup`); ``models`` False leaves out the model and reward-model directories (an
+    emulated run reads neither)."""
     wanted = []
-    if cfg.model.preset != "tiny":
+    if cfg.model.preset != "tiny" and models:
         wanted.append(("model.path", cfg.model.path, "dir"))
     if cfg.task.name == "prompts":
         wanted += [("task.train_file", cfg.task.train_file, "file"), ("task.test_file", cfg.task.test_file, "file")]
-    wanted += [(f"reward.kwargs.{k}", v, "dir") for k, v in cfg.reward.kwargs.items()
-               if k.endswith(("_path", "_dir")) and isinstance(v, str)]
+    if models:
+        wanted += [(f"reward.kwargs.{k}", v, "dir") for k, v in cfg.reward.kwargs.items()
+                   if k.endswith(("_path", "_dir")) and isinstance(v, str)]
     lines = []
     for name, value, kind in wanted:
         path = Path(str(value))
@@ -132,12 +176,12 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
                     text_tokens=model.max_sequence_length if model.preset == "qwen_image" else model.max_prompt_tokens,
                     gradient_checkpointing=model.gradient_checkpointing, sampling_steps=cfg.sampling.num_steps,
                     sp_degree=(placement or WorkerPlacement()).sp_degree, gpu_memory_gb=model.gpu_memory_gb)
-    if model.preset == "qwen_image":
-        return mp.memory_plan(mp.transformer_config_from_dir(Path(model.path) / "transformer"), **settings)
-    tiny = {"patch_size": 2, "in_channels": 12, "out_channels": 3, "num_layers": model.num_layers,
-            "attention_head_dim": model.attention_head_dim, "num_attention_heads": model.num_attention_heads,
-            "joint_attention_dim": model.joint_attention_dim, "axes_dims_rope": list(model.axes_dims_rope)}
-    return mp.memory_plan(tiny, **settings, vae_scale_factor=1, vae_params=0, text_encoder_params=0)
+    if model.preset == "qwen_image":  # an emulated recipe without its model: Qwen-Image's own config
+        folder = Path(model.path) / "transformer"
+        config = mp.transformer_config_from_dir(folder) if folder.is_dir() else None
+        return mp.memory_plan(config, **settings)
+    return mp.memory_plan(mp.tiny_transformer_config(model), **settings, vae_scale_factor=1, vae_params=0,
+                          text_encoder_params=0)
 
 
 def check_prompt_files(cfg) -> None:
@@ -200,27 +244,80 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
     run_dir = Path(run_dir)
     check_startup(cfg, placement)
     on_ray = placement.on_ray(cfg)
-    if on_ray:  # validated before the base model is built or pretrained
-        from roll_spotlight.runtime.ray_backend import RayClusterConfig
-
-        cluster = RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,
-                                   sp_degree=placement.sp_degree)
-    if policy is None:
+    cluster = ray_cluster_config(placement) if on_ray else None  # validated before a base is built
+    nodes = spot_nodes(cfg, placement)  # from the spot section as written (its trace drives emulated nodes)
+    if placement.emulate is not None:
+        cfg, source = emulated_run(cfg, placement)
+    elif policy is None:
         policy, source = starting_policy(cfg, progress=progress)
     elif on_ray:
         raise ValueError("start_run: a given policy runs in process only; Ray workers load a policy source")
-    if on_ray:
-        from roll_spotlight.runtime.ray_backend import RayBackend
+    with nodes:
+        if on_ray:
+            from roll_spotlight.runtime.ray_backend import RayBackend
 
-        set_threads(1)  # the Ray actors share the cores from here; the driver only coordinates
-        backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
-    else:
-        from roll_spotlight.runtime.local import LocalBackend
+            set_threads(1)  # the Ray actors share the cores from here; the driver only coordinates
+            cluster = dataclasses.replace(cluster, address=nodes.address)
+            backend = RayBackend(cfg, source, cluster, run_dir=run_dir)  # run_dir: the queue's journal
+        else:
+            from roll_spotlight.runtime.local import LocalBackend
 
-        backend = LocalBackend(cfg, policy)
-    try:
-        if write_config:
-            write_run_config(cfg, run_dir)
-        return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
-    finally:
-        backend.close()
+            backend = LocalBackend(cfg, policy)
+        try:
+            if write_config:
+                write_run_config(cfg, run_dir)
+            nodes.start()
+            return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
+        finally:
+            backend.close()
+
+
+def ray_cluster_config(placement: WorkerPlacement):
+    """How the run uses Ray (`config.cluster.RayClusterConfig`): its workers and SP degree."""
+    from roll_spotlight.runtime.ray_backend import RayClusterConfig
+
+    return RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,
+                            sp_degree=placement.sp_degree)
+
+
+def emulated_run(cfg, placement: WorkerPlacement):
+    """(the run config as emulated, the `Emulation` its workers run): spot workers follow the
+    real membership of a local cluster's raylets (`spot.source: cluster`; `spot_nodes` replays the
+    trace on them), billed at the H100 prices unless the recipe names its GPUs or prices."""
+    from roll_spotlight.models import memory_plan as mp
+    from roll_spotlight.runtime.emulated import emulation_of
+
+    if cfg.spot.enabled:
+        spot = dataclasses.replace(cfg.spot, source="cluster", trace=None, gpu_type=cfg.spot.gpu_type or "H100")
+        cfg = dataclasses.replace(cfg, spot=spot)
+    lora = cfg.train.lora
+    config = None if cfg.model.preset != "tiny" else mp.tiny_transformer_config(cfg.model)
+    params = mp.lora_parameters(config, lora.rank, tuple(lora.target_modules)) if lora else mp.count_parameters(config)
+    return cfg, emulation_of(cfg, placement.emulate, placement.time_scale, adapter_bytes=4.0 * params)
+
+
+def spot_nodes(cfg, placement: WorkerPlacement):
+    """An emulated run's spot raylets (`runtime.emulated.TraceRaylets`), else nothing to start:
+    the run joins `placement.address` (or a local Ray)."""
+    if placement.emulate is None or not cfg.spot.enabled:
+        return _NoNodes(placement.address)
+    if cfg.spot.source == "cluster":
+        raise ValueError("--emulate: spot.source=cluster names a real cluster's spot nodes; an emulated run "
+                         "starts its own (spot.source: market, and the trace to replay)")
+    from roll_spotlight.runtime.emulated import TraceRaylets
+
+    return TraceRaylets(cfg.spot, ondemand_gpus=placement.workers + 1, time_scale=placement.time_scale)
+
+
+@dataclass(frozen=True)
+class _NoNodes:
+    address: str | None
+
+    def __enter__(self) -> _NoNodes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def start(self) -> None:
+        pass

@@ -151,10 +151,7 @@ class DiffusersTrainStrategy:
         """Train every update through `queue` (`runtime.queue_training.QueueTraining`): this
         rank pulls its micro-batches with the actor_infer ranks and spot workers, adds every
         accepted sum, clips, steps and publishes as before."""
-        from roll_spotlight.runtime.compute import ModelCompute
-        from roll_spotlight.runtime.queue_training import QueueTraining
-
-        self.queue = QueueTraining(queue, inbox, ModelCompute(self.core.policy, version=self.core.weight_version))
+        self.queue = self.core.queue_training(queue, inbox)
 
     def publish(self) -> None:
         if self.sharded:  # every rank gathers the whole tensors (adapters only with LoRA)

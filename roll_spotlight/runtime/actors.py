@@ -1,5 +1,8 @@
 """Ray actors of the runtime: trainer, rollout workers, reward workers.
 
+What each starts from is a *policy source* (`models.source`), or an `runtime.emulated.Emulation`
+(emulated GPUs: the same actors with every compute phase waiting its calibrated duration).
+
 Simulated GPUs are Ray custom resources: on-demand actors ask for `ondemand_gpu`, spot actors for
 `spot_gpu` (both fractional-capable). On a real GPU cluster the same code runs with those
 resources declared on the GPU nodes (see deploy/kuberay). Every actor pins torch to
@@ -26,17 +29,42 @@ def _torch_setup(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def _emulated(source) -> bool:
+    """Does ``source`` (what a worker starts from) emulate GPUs (`runtime.emulated.Emulation`)?"""
+    from roll_spotlight.runtime.emulated import Emulation
+
+    return isinstance(source, Emulation)
+
+
+def worker_compute(source, store, commit_every: int = 0):
+    """A worker's `worker_loop.Compute`: the policy loaded from ``source``, or emulated GPUs."""
+    if _emulated(source):
+        from roll_spotlight.runtime.emulated import EmulatedCompute
+
+        return EmulatedCompute(source, store)
+    from roll_spotlight.runtime.compute import ModelCompute
+
+    return ModelCompute(load_policy(source), store, commit_every=commit_every)
+
+
 @ray.remote(num_cpus=0)
 class TrainerActor:
     """Policy, optimiser, reference and validation; publishes each new weight version."""
 
-    def __init__(self, cfg_data: dict, policy_path: str, store, threads: int = 1):
+    def __init__(self, cfg_data: dict, policy_path, store, threads: int = 1):
         from roll_spotlight.config.strict import from_dict
-        from roll_spotlight.runtime.trainer_core import TrainerCore
         from roll_spotlight.config.run import RunConfig
 
         _torch_setup(threads)
-        self.core = TrainerCore(from_dict(RunConfig, cfg_data), load_policy(policy_path))
+        cfg = from_dict(RunConfig, cfg_data)
+        if _emulated(policy_path):
+            from roll_spotlight.runtime.emulated import EmulatedTrainerCore
+
+            self.core = EmulatedTrainerCore(cfg, policy_path)
+        else:
+            from roll_spotlight.runtime.trainer_core import TrainerCore
+
+            self.core = TrainerCore(cfg, load_policy(policy_path))
         self.store = store
         self.queue = None  # queue training (use_queue_training)
         self.events: list[dict] = []
@@ -51,10 +79,7 @@ class TrainerActor:
 
     def use_queue_training(self, queue, inbox) -> None:
         """Train each update through the queue: the rollout workers pull its micro-batches too."""
-        from roll_spotlight.runtime.compute import ModelCompute
-        from roll_spotlight.runtime.queue_training import QueueTraining
-
-        self.queue = QueueTraining(queue, inbox, ModelCompute(self.core.policy, version=self.core.weight_version))
+        self.queue = self.core.queue_training(queue, inbox)
 
     def train(self, outputs, prompts, group_ids, rewards, baselines=None):
         """One update (a `training.grpo.UpdateResult`), then its weights published."""
@@ -100,17 +125,26 @@ class RewardActor:
     of a call whose reply was lost). `counters` count each batch once per life of the actor.
 
     `crash_at_batch` is deterministic failure injection for tests: the first life of the actor
-    dies (os._exit) when its crash_at_batch-th batch arrives, before scoring it.
+    dies (os._exit) when its crash_at_batch-th batch arrives, before scoring it. `emulation`
+    (`runtime.emulated.Emulation`): score stand-in images in the reward model's modelled time.
     """
 
     KEEP_RESULTS = 256  # recent batch results kept for repeated batch ids (streamed batches are small)
 
-    def __init__(self, cfg_data: dict, crash_at_batch: int | None = None):
+    def __init__(self, cfg_data: dict, crash_at_batch: int | None = None, emulation=None):
         from roll_spotlight.config.strict import from_dict
         from roll_spotlight.config.run import RunConfig
-        from roll_spotlight.rewards.configured import configured_reward
 
-        self.reward_fn = configured_reward(from_dict(RunConfig, cfg_data).reward)
+        cfg = from_dict(RunConfig, cfg_data)
+        if emulation is None:
+            from roll_spotlight.rewards.configured import configured_reward
+
+            self.reward_fn = configured_reward(cfg.reward)
+        else:  # emulated GPUs: the reward servers are emulated too (`reward.world_size` of the cost model's slots)
+            from roll_spotlight.runtime.emulated import EmulatedReward
+
+            slots = emulation.durations.cost.reward_workers / cfg.reward.world_size
+            self.reward_fn = EmulatedReward(emulation, slots)
         self.events: list[dict] = []
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._crash_at = None if self.restarted else crash_at_batch
@@ -172,12 +206,11 @@ class RolloutWorker:
                  commit_every: int = 0, kinds=None, sp=None, group_name: str | None = None,
                  heartbeat_s: float = 5.0, inbox=None, faults=None):
         from roll_spotlight.dispatch.actor import QueueClient
-        from roll_spotlight.runtime.compute import ModelCompute
         from roll_spotlight.runtime.worker_loop import Signals, WorkerLoop
 
         _torch_setup(threads)
         self.name = name
-        self.compute = ModelCompute(load_policy(policy_path), store, commit_every=commit_every)
+        self.compute = worker_compute(policy_path, store, commit_every)
         signals = Signals()
         self.hold = None
         if faults is not None:

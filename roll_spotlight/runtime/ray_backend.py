@@ -40,6 +40,7 @@ from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
 from roll_spotlight.placement import on_driver_node
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
+from roll_spotlight.runtime.emulated import Emulation
 from roll_spotlight.runtime.reports import UpdateReport, update_report
 from roll_spotlight.config.run import RunConfig
 
@@ -172,14 +173,17 @@ class RayBackend:
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
-        # a policy source (models.source): the tiny base's path, or a model section each actor loads
-        path = policy_path if isinstance(policy_path, Mapping) else str(policy_path)
+        # a policy source (models.source): the tiny base's path, or a model section each actor loads;
+        # or emulated GPUs (runtime.emulated), whose trainer is colocated with an on-demand worker
+        path = policy_path if isinstance(policy_path, (Mapping, Emulation)) else str(policy_path)
         data, gpus = to_dict(cfg), worker_gpus(path)
         self._path = path
+        self.emulation = path if isinstance(path, Emulation) else None
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
             data, path, self.store, self.cluster.trainer_threads_for(cfg.exploration.mode))
-        self.rewards = [RewardActor.options(**on_driver_node()).remote(data) for _ in range(cfg.reward.world_size)]
+        self.rewards = [RewardActor.options(**on_driver_node()).remote(data, emulation=self.emulation)
+                        for _ in range(cfg.reward.world_size)]
         self.reward = self.rewards[0]
         self.reward_cfg = cfg.reward
         self.batch_ids = RewardBatchIds()
@@ -208,10 +212,20 @@ class RayBackend:
     def _start_spot(self, cfg: RunConfig, market, clock, worker_kwargs):
         from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
-        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, self._policy_path())
-        return start_training_pool(cfg.spot, self._path, self.queue, self.store, threads=self.cluster.threads_per_actor,
-                                   ondemand_gpus=self.cluster.ondemand_workers + 1, market=market, clock=clock,
-                                   worker_kwargs=worker_kwargs, elastic=elastic, inbox=self.inbox)
+        source, shape, bill_scale = self._path, None, 1.0
+        if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
+            source = self.emulation.as_role("spot", cfg.spot.gpus_per_node)
+            shape, bill_scale = self.emulation.sp_shape(), self.emulation.time_scale
+        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, source, shape=shape)
+        return start_training_pool(cfg.spot, source, self.queue, self.store, threads=self.cluster.threads_per_actor,
+                                   ondemand_gpus=self._ondemand_gpus(), market=market, clock=clock,
+                                   worker_kwargs=worker_kwargs, elastic=elastic, inbox=self.inbox,
+                                   bill_scale=bill_scale)
+
+    def _ondemand_gpus(self) -> int:
+        """The on-demand GPUs billed: each rollout worker's, and the trainer's unless emulated GPUs
+        colocate it with a worker (every on-demand GPU rolls out and trains)."""
+        return self.cluster.ondemand_workers + (0 if self.emulation is not None else 1)
 
     def _add_workers(self, prefix: str, resource: str, count: int) -> None:
         """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,

@@ -285,30 +285,33 @@ def wall_clock() -> Callable[[], float]:
 
 
 def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: bool, name: str = "spot",
-                          min_degree: int = 1):
-    """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model."""
+                          min_degree: int = 1, shape: tuple[int, int] | None = None):
+    """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model (``shape``:
+    given, for emulated GPUs that load none)."""
     from roll_spotlight.elastic.groups import ElasticGroupsConfig
     from roll_spotlight.runtime.sp_group import sp_shape
 
-    heads, tokens = sp_shape(model_cfg)
+    heads, tokens = shape or sp_shape(model_cfg)
     return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
                                cuda=cuda, name=name, min_degree=min_degree)
 
 
-def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degree: int = 1):
+def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degree: int = 1,
+                 shape: tuple[int, int] | None = None):
     """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
     if degree == 1:
         return None
     from roll_spotlight.models.source import worker_gpus
 
     return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0,
-                                 min_degree=min_degree)
+                                 min_degree=min_degree, shape=shape)
 
 
 def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                        ready_timeout_s: float = 120.0, elastic=None, inbox=None) -> TrainingSpotPool:
+                        ready_timeout_s: float = 120.0, elastic=None, inbox=None,
+                        bill_scale: float = 1.0) -> TrainingSpotPool:
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
@@ -316,11 +319,13 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
     With ``spot.source: cluster`` the pool follows the Ray cluster's own spot nodes instead (see
     ``start_cluster_pool``). Each node runs ``spot.gpus_per_node`` workers; ``elastic`` (an
     `ElasticGroupsConfig`, for SP degree > 1) makes them elastic SP members (``RayWorkerLauncher``);
-    ``inbox`` (queue training) lets them compute micro-batches of updates too."""
+    ``inbox`` (queue training) lets them compute micro-batches of updates too. ``bill_scale``:
+    GPU-seconds per wall second on a cluster (emulated GPUs: the time-scale); a market's bills at
+    its compression."""
     if spot.source == "cluster" and market is None:
         return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
                                   worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, elastic=elastic,
-                                  inbox=inbox)
+                                  inbox=inbox, bill_scale=bill_scale)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
@@ -346,7 +351,8 @@ def cluster_prices(spot: SpotConfig) -> PriceTable:
 def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_gpus: int, threads: int = 1,
                        source: EventSource | None = None,
                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
-                       ready_timeout_s: float = 120.0, elastic=None, inbox=None) -> TrainingSpotPool:
+                       ready_timeout_s: float = 120.0, elastic=None, inbox=None,
+                       bill_scale: float = 1.0) -> TrainingSpotPool:
     """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
     ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
     for) into events; each such node gets one worker pinned to it (node affinity); a preemption
@@ -357,7 +363,7 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
                                  node_affinity=True, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
                                  elastic=elastic, inbox=inbox)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
-                           SpotPoolConfig(bill_scale=1.0, gpus_per_node=spot.gpus_per_node))
+                           SpotPoolConfig(bill_scale=bill_scale, gpus_per_node=spot.gpus_per_node))
     pool.poll(0.0)
     if not launcher.wait_ready(ready_timeout_s):
         log.warning("spot workers on the cluster's spot nodes were not ready after %.0f s; training goes on",

@@ -63,6 +63,13 @@ class TrainerCore:
             self.ema.update(self.policy)
         return result
 
+    def queue_training(self, queue, inbox) -> QueueTraining:
+        """This trainer's side of queue training: it pulls its updates' micro-batches too."""
+        from roll_spotlight.runtime.compute import ModelCompute
+        from roll_spotlight.runtime.queue_training import QueueTraining
+
+        return QueueTraining(queue, inbox, ModelCompute(self.policy, version=self.weight_version))
+
     def evaluate(self) -> Evaluation:
         """Validation of the policy, or of its weight average when `train.ema_decay` > 0 (rollouts
         always use the live weights; the average is what a run delivers)."""

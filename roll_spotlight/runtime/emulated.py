@@ -1,0 +1,503 @@
+"""Emulated GPUs: the live runtime with every compute phase replaced by its calibrated duration.
+
+A dress rehearsal of a recipe on one machine, and the way the claim's cluster shapes run through the
+real control plane without a GPU cluster. Every compute phase of a worker - a denoising step of an
+SP group, a training micro-batch, a reward call, a weight load - waits the duration the cost model
+gives for the emulated GPU and the recipe's shape (`sim.workload.WorkerDurations`), divided by
+``time_scale``, instead of running the model. Transfers wait the modelled time of their real
+byte counts (a weight version and a gradient sum are the LoRA adapters: `adapter_bytes`).
+
+What actually moves is small: outputs are deterministic stand-ins (`StandIn`) with the fields
+of real ones, whose latent chain is carried through commits and resumes, so commit-on-notice,
+resume, the gradient sums and the exactly-once checks run as they do for real and a resume that
+lost or repeated a step would change the output. Rewards are the simulator's synthetic
+rewards of (prompt, seed, weight version), so validation scores mean nothing here.
+
+Everything else is the production code: the queue actor, the worker loop, queue training and
+its inbox, the elastic SP groups (real process groups, no Ulysses), the spot pool following
+real raylets, the weight store, the coordinator.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from roll_spotlight.dispatch.requests import InFlightState, MicroBatch
+from roll_spotlight.runtime.outputs import Committed, Finished, RolloutOutput
+from roll_spotlight.sim.workload import Workload, WorkerDurations
+
+STAND_IN_WIDTH = 4  # floats of a stand-in latent, and of the stand-in adapters
+STAND_IN_PARAM = "adapters"
+ROLES = ("trainer", "ondemand", "spot")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What every emulated process needs (pickled to each actor): the GPU, the recipe's shape, the
+    time-scale, the real size of a weight version, the run seed (stand-in rewards) and the role of
+    the process: the trainer, an on-demand worker on the trainer's node, or a spot worker on a
+    spot node of ``gpus_per_node`` GPUs (what a weight fetch or a gradient report crosses)."""
+
+    gpu: str
+    workload: Workload
+    time_scale: float = 1.0
+    adapter_bytes: float = 1.70e9
+    seed: int = 0
+    role: str = "ondemand"
+    gpus_per_node: int = 1
+    durations: WorkerDurations = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"--time-scale must be > 0, got {self.time_scale!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"Emulation.role must be one of {ROLES}, got {self.role!r}")
+        object.__setattr__(self, "durations", self.workload.durations(self.gpu))
+
+    def as_role(self, role: str, gpus_per_node: int | None = None) -> Emulation:
+        return replace(self, role=role, gpus_per_node=gpus_per_node or self.gpus_per_node)
+
+    def sp_shape(self) -> tuple[int, int]:
+        """(attention heads, image tokens) that an SP degree must divide (Qwen-Image's tokens:
+        16x16 pixels each)."""
+        return self.workload.num_heads, (self.workload.resolution // 16) ** 2
+
+    def wait(self, modelled_s: float) -> None:
+        """Spend ``modelled_s`` GPU seconds: that, divided by the time-scale, of wall time."""
+        if modelled_s > 0:
+            time.sleep(modelled_s / self.time_scale)
+
+    def fetch_s(self) -> float:
+        """A new weight version reaching this process: on the trainer's node the trainer-to-engine
+        sync, on a spot node the adapters over the network."""
+        cost = self.durations.cost
+        if self.role == "trainer":
+            return 0.0
+        return cost.local_weight_sync_s if self.role == "ondemand" else self.durations.publish_s(self.adapter_bytes)
+
+    def report_s(self, degree: int = 1) -> float:
+        """A gradient sum reaching the trainer (none for the trainer's own)."""
+        if self.role == "trainer":
+            return 0.0
+        return self.durations.gradient_report_s(self.adapter_bytes, self.role == "spot", degree)
+
+
+# ---------------------------------------------------------------------------------------------
+# stand-ins: deterministic, small, with the fields of real outputs
+
+
+def _unit(*keys: int) -> np.ndarray:
+    """STAND_IN_WIDTH deterministic floats in [-1, 1) from integer keys."""
+    rng = np.random.default_rng([k & 0xFFFFFFFF for k in keys])
+    return rng.uniform(-1.0, 1.0, STAND_IN_WIDTH).astype(np.float32)
+
+
+def next_latent(latent: np.ndarray, seed: int, version: int, step: int) -> np.ndarray:
+    """One stand-in denoising step: a chain, so a resume from a wrong state changes the end."""
+    return (0.5 * latent + _unit(seed, version, step)).astype(np.float32)
+
+
+def prompt_key(prompt: str) -> int:
+    return zlib.crc32(prompt.encode())
+
+
+def stand_in_image(seed: int, version: int, prompt: str) -> np.ndarray:
+    """The stand-in image: what the stand-in reward reads (seed, weight version, prompt key)."""
+    return np.array([seed, version, prompt_key(prompt)], dtype=np.int64).view(np.uint8).reshape(1, 8, 3)
+
+
+def read_stand_in_image(image: np.ndarray) -> tuple[int, int, int]:
+    seed, version, key = np.ascontiguousarray(image).reshape(-1).view(np.int64)[:3]
+    return int(seed), int(version), int(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# a worker's compute
+
+
+class EmulatedCompute:
+    """`worker_loop.Compute` that waits instead of computing (module docstring); the weight-copy
+    side of `runtime.compute.ModelCompute` too, so the elastic pool's newcomers copy from peers."""
+
+    def __init__(self, emulation: Emulation, store=None, *, version: int | None = None) -> None:
+        self.emulation, self.store, self.version = emulation, store, version
+        self.lock = threading.Lock()
+        self.published = None
+        self.counters = {"weight_fetches": 0, "peer_weight_copies": 0}
+        self.degree, self.cross_node = 1, False
+
+    # ---- weights
+    def hold_version(self, version: int) -> None:
+        if version == self.version:
+            return
+        with self.lock:
+            self.emulation.wait(self.emulation.fetch_s())
+            if self.store is not None:
+                self.store.fetch(version)  # the stand-in adapters: what really moves
+            self.version, self.published = version, None
+            self.counters["weight_fetches"] += 1
+
+    def warm_up(self) -> None:
+        """A new process loads the frozen base from storage."""
+        self.emulation.wait(self.emulation.durations.weight_load_s())
+
+    def publish_weights(self) -> tuple[int | None, list]:
+        return self.version, [None]
+
+    def adopt_weights(self, published) -> float:
+        """A newcomer copies the adapters from a peer on its node (NVLink)."""
+        start = time.perf_counter()
+        with self.lock:
+            self.emulation.wait(self.emulation.durations.peer_copy_s(self.emulation.adapter_bytes))
+            self.version = published[0]
+            self.counters["peer_weight_copies"] += 1
+        return time.perf_counter() - start
+
+    # ---- rollouts
+    def join_group(self, membership):
+        """An SP group of emulated GPUs: the real process group and collectives, no model."""
+        from roll_spotlight.runtime.sp_group import SPRolloutGroup
+
+        self.degree = membership.size
+        self.cross_node = membership.size > self.emulation.gpus_per_node
+        return SPRolloutGroup(None, membership)
+
+    def rollout(self, lease, should_stop: Callable[[], bool] = lambda: False, on_checkpoint=None, *,
+                decode: bool = True):
+        request = lease.request
+        steps, seed, version = request.schedule.num_steps, request.seed, request.weight_version
+        start, latents = self._resume(lease)
+        step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node)
+        for k in range(start, steps):
+            self.emulation.wait(step_s)
+            latents.append(next_latent(latents[-1], seed, version, k))
+            if k + 1 < steps and should_stop():
+                state = {"latents": np.stack(latents)}
+                return Committed(InFlightState(request.request_id, k + 1, state, seed, version), k + 1 - start)
+        if not decode:
+            return Finished(None, steps - start)
+        return Finished(self._output(request, np.stack(latents), start), steps - start)
+
+    @staticmethod
+    def _resume(lease) -> tuple[int, list[np.ndarray]]:
+        if lease.resume is None:
+            return 0, [_unit(lease.request.seed, 0, -1)]
+        chain = np.asarray(lease.resume.latent["latents"])
+        return lease.resume.step_index, list(chain)
+
+    @staticmethod
+    def _output(request, latents: np.ndarray, start: int) -> RolloutOutput:
+        s = request.schedule
+        lo, hi = s.window
+        noised = np.zeros(s.num_steps, dtype=bool)
+        noised[lo:hi] = s.kind != "ode"
+        log_probs = np.where(noised, latents[1:, 0], 0.0).astype(np.float32)
+        return RolloutOutput(request.request_id, request.seed, latents[:, None, :], log_probs, noised,
+                             stand_in_image(request.seed, request.weight_version, request.prompt),
+                             request.weight_version, start)
+
+    # ---- training micro-batches
+    def gradient_sum(self, work, micro_batches: Sequence[MicroBatch], worker: str, should_stop: Callable[[], bool],
+                     group=None):
+        """Micro-batches one after another (an SP group's ranks in rounds, data-parallel), each the
+        modelled time of its images at one trained step; then the sum's report to the trainer."""
+        degree = 1 if group is None else group.size
+        rank = 0 if group is None else group.rank
+        start, done = time.perf_counter(), 0
+        rounds = -(-len(micro_batches) // degree)
+        for r in range(rounds):
+            mine = r * degree + rank
+            if mine < len(micro_batches):
+                self.emulation.wait(self.emulation.durations.train_micro_batch_s(len(micro_batches[mine].rows)))
+            done = min(len(micro_batches), (r + 1) * degree)
+            stop = should_stop() if group is None else group.any(should_stop())
+            if stop and r + 1 < rounds:
+                break
+        if group is not None and not group.leader:
+            return done, None
+        self.emulation.wait(self.emulation.report_s(degree))
+        return done, stand_in_sum(work, micro_batches[:done], worker, time.perf_counter() - start)
+
+
+def stand_in_gradient(work, mb: MicroBatch) -> np.ndarray:
+    """A micro-batch's stand-in gradient: its rows' advantages at its trained step, spread over
+    the stand-in adapters (so the update depends on the rewards, as a real one does)."""
+    advantage = float(sum(float(work.advantages[r]) for r in mb.rows)) / work.norm
+    return (advantage * _unit(mb.index, mb.step, work.weight_version)).astype(np.float32)
+
+
+def stand_in_sum(work, micro_batches: Sequence[MicroBatch], worker: str, seconds: float):
+    from roll_spotlight.training.micro_batches import LOSS_TOTALS, GradientSum
+
+    grad = np.zeros(STAND_IN_WIDTH, dtype=np.float32)
+    for mb in micro_batches:
+        grad += stand_in_gradient(work, mb)
+    totals = dict.fromkeys(LOSS_TOTALS, 0.0) | {"loss": float(-grad.sum())}
+    return GradientSum(worker, tuple(mb.index for mb in micro_batches), {STAND_IN_PARAM: grad}, totals, seconds,
+                       {STAND_IN_PARAM: "float32"})
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer and the reward
+
+
+class EmulatedTrainerCore:
+    """`runtime.trainer_core.TrainerCore`'s duties on stand-in adapters: the real Flow-GRPO update
+    path (advantages, zero-std filter, micro-batch plan, a `GradientSource` or the trainer alone,
+    the exactly-once `combine`, clip and Adam step) with every micro-batch's compute emulated."""
+
+    def __init__(self, cfg, emulation: Emulation) -> None:
+        import dataclasses
+
+        import torch
+
+        from roll_spotlight.flow_grpo import sigma_schedule
+        from roll_spotlight.training.grpo import FlowGRPOTrainer
+
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.emulation = cfg, emulation.as_role("trainer")
+        self.policy = StandInPolicy()
+        self.trainer = FlowGRPOTrainer(self.policy, dataclasses.replace(cfg.train, trainable="all", kl_beta=0.0))
+        self.sigmas = sigma_schedule(cfg.sampling.num_steps, 1)
+        self.weight_version = 0
+        self.compute = EmulatedCompute(self.emulation, version=0)
+
+    def train(self, outputs: list, prompts: list[str], group_ids, rewards, baselines=None, *, queue=None):
+        from roll_spotlight.dispatch.requests import Schedule
+        from roll_spotlight.runtime.executor import stack_outputs
+        from roll_spotlight.training.grpo import ScoredBatch
+
+        s = self.cfg.sampling
+        traj = stack_outputs(outputs, self.sigmas, s.noise_level, s.kind)
+        base = None if baselines is None else np.asarray(baselines, dtype=np.float64)
+        schedule = Schedule(s.num_steps, s.noise_level, s.kind)
+        source = (queue.update if queue is not None else self._alone)(self.weight_version, schedule)
+        result = self.trainer.step(ScoredBatch(traj, list(prompts), group_ids, rewards, s.noise_level, s.kind,
+                                               baselines=base), source)
+        self.emulation.wait(self.emulation.durations.optimizer_step_s())
+        self.weight_version += 1
+        return result
+
+    def _alone(self, version: int, schedule):
+        """The trainer computing every micro-batch itself (no queue training)."""
+        def source(plan):
+            from roll_spotlight.training.micro_batches import Contributions, TrainWork, UpdateSums
+
+            t0 = time.perf_counter()
+            work = TrainWork.of(plan, version, schedule)
+            _, total = self.compute.gradient_sum(work, plan.micro_batches, "trainer", lambda: False)
+            return UpdateSums((total,), Contributions.of([total], 0, time.perf_counter() - t0))
+
+        return source
+
+    def queue_training(self, queue, inbox):
+        """Queue training with the trainer colocated on an on-demand GPU: that GPU's worker pulls
+        the micro-batches, the trainer only adds the sums, steps and publishes."""
+        from roll_spotlight.runtime.queue_training import QueueTraining
+
+        return QueueTraining(queue, inbox, self.compute, pulls=False)
+
+    def evaluate(self):
+        """Validation is not emulated: stand-in rewards of the validation pairs, at no cost."""
+        from roll_spotlight.training.evaluate import Evaluation
+
+        n = self.cfg.task.val_prompts
+        rewards = np.array([stand_in_reward(self.cfg.seed, i, i, self.weight_version) for i in range(n)])
+        return Evaluation(rewards, np.zeros(n))
+
+    def save(self, path) -> None:
+        import torch
+
+        torch.save({"policy": self.policy.published_state(), "weight_version": self.weight_version}, path)
+
+    def load(self, path) -> None:
+        import torch
+
+        state = torch.load(path, weights_only=True)
+        self.policy.load_published_state(state["policy"])
+        self.weight_version = int(state["weight_version"])
+
+
+def StandInPolicy():
+    """A module holding the stand-in adapters, with the policy methods the trainer calls."""
+    import torch
+
+    class _StandInPolicy(torch.nn.Module):
+        lora = True  # trains adapters: the KL reference would be the adapters disabled
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.adapters = torch.nn.Parameter(torch.zeros(STAND_IN_WIDTH))
+
+        @property
+        def device(self):
+            return self.adapters.device
+
+        def trainable_parameters(self):
+            return [self.adapters]
+
+        def published_state(self) -> dict:
+            return {STAND_IN_PARAM: self.adapters.detach().clone()}
+
+        def load_published_state(self, state: dict) -> None:
+            with torch.no_grad():
+                self.adapters.copy_(state[STAND_IN_PARAM])
+
+    return _StandInPolicy()
+
+
+def stand_in_reward(run_seed: int, key: int, seed: int, version: int) -> float:
+    """The simulator's synthetic reward of (prompt key, seed, weight version), no prompt all-equal."""
+    from roll_spotlight.sim.rewards import SyntheticRewardConfig, SyntheticRewards
+
+    return SyntheticRewards(run_seed, SyntheticRewardConfig(zero_variance_fraction=0.0)).reward(key, seed, version)
+
+
+class EmulatedReward:
+    """The reward of stand-in images: a call of n images waits n x the reward model's time per
+    image over ``slots`` concurrent scorers (the cost model's reward servers)."""
+
+    def __init__(self, emulation: Emulation, slots: float = 1.0) -> None:
+        self.emulation, self.slots = emulation, max(slots, 1.0)
+
+    def __call__(self, images: np.ndarray, prompts: list[str]):
+        from roll_spotlight.rewards import RewardOutput
+
+        self.emulation.wait(self.emulation.durations.reward_s(len(prompts)) / self.slots)
+        rewards = [stand_in_reward(self.emulation.seed, key, seed, version)
+                   for seed, version, key in map(read_stand_in_image, images)]
+        return RewardOutput(np.asarray(rewards, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# from a recipe
+
+
+def workload_of(cfg) -> Workload:
+    """The cost model's view of a run config: its resolution, schedule, batch and model shape
+    (Qwen-Image's transformer unless the tiny preset's)."""
+    from roll_spotlight.sim.costmodel import CostModel
+    from roll_spotlight.sim.workload import cfg_forwards
+
+    model, s = cfg.model, cfg.sampling
+    if model.preset == "tiny":
+        from roll_spotlight.models.memory_plan import count_parameters, tiny_transformer_config
+
+        shape = {"params_b": count_parameters(tiny_transformer_config(model)) / 1e9, "num_layers": model.num_layers,
+                 "hidden_dim": model.num_attention_heads * model.attention_head_dim,
+                 "num_heads": model.num_attention_heads, "text_tokens": model.max_prompt_tokens}
+    else:
+        qwen = Workload.of(CostModel(), model.image_size)
+        shape = {k: getattr(qwen, k) for k in ("params_b", "num_layers", "hidden_dim", "num_heads")}
+        shape["text_tokens"] = model.max_sequence_length
+    return Workload(resolution=model.image_size, num_steps=s.num_steps, cfg_forwards=cfg_forwards(s.guidance_scale),
+                    trained_steps=max(1, s.sde_window), group_size=cfg.train.group_size,
+                    prompts_per_iteration=cfg.rollout_batch_size, micro_batch_images=cfg.train.micro_batch_size,
+                    **shape)
+
+
+# Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
+# training stand-ins, no model (a Qwen-Image worker holds the model on its GPU, not here).
+EMULATED_WORKER_MB = 300.0
+
+
+def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
+    """(on-demand GPUs: the trainer and its rollout workers, spot nodes at the pool's peak)."""
+    return 1 + ondemand_workers, cfg.spot.max_workers if cfg.spot.enabled else 0
+
+
+def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None) -> None:
+    """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
+    process each, and a raylet per spot node (`tools.local_cluster`)."""
+    from roll_spotlight.tools.local_cluster import HEAD_MB, NODE_BASE_MB, available_memory_mb
+
+    ondemand, nodes = gpus
+    per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
+    need = HEAD_MB + ondemand * EMULATED_WORKER_MB + nodes * per_node
+    available = available_memory_mb() if available_mb is None else available_mb
+    if need > available:
+        fits = max(0, int((available - HEAD_MB - ondemand * EMULATED_WORKER_MB) // per_node))
+        raise ValueError(f"--emulate: {ondemand} on-demand GPUs and {nodes} spot nodes of {gpus_per_node} GPUs need "
+                         f"about {need / 1024:.1f} GiB and this machine has {available / 1024:.1f} GiB available: "
+                         f"at most {fits} spot nodes (spot.max_workers) here")
+
+
+def emulation_of(cfg, gpu: str, time_scale: float, adapter_bytes: float) -> Emulation:
+    """The emulation of ``cfg`` on ``gpu`` GPUs at ``time_scale`` (errors name the option)."""
+    from roll_spotlight.sim.gpus import gpu_spec
+
+    try:
+        gpu_spec(gpu)
+    except ValueError as err:
+        raise ValueError(f"--emulate: {err}") from None
+    return Emulation(gpu, workload_of(cfg), time_scale, adapter_bytes, seed=cfg.seed,
+                     gpus_per_node=cfg.spot.gpus_per_node)
+
+
+class TraceRaylets:
+    """The spot nodes of an emulated run: raylets of a one-machine cluster (`tools.local_cluster`)
+    that the run's spot trace starts, drains through the notice bridge and kills, at the
+    emulation's time-scale; the run follows them as a real cluster (``spot.source: cluster``).
+
+    A context manager: on entry the head is up and the trace window's initial fleet registered;
+    `start()` sets the trace's clock going (once the run's workers are up); the exit stops the
+    trace and ends every process of the cluster."""
+
+    POLL_S = 0.1
+
+    def __init__(self, spot, ondemand_gpus: int, time_scale: float) -> None:
+        from roll_spotlight.runtime.spot_pool import training_market
+
+        self.market = training_market(replace(spot, compression=time_scale))
+        self.spot, self.ondemand_gpus = spot, ondemand_gpus
+        self.cluster = self.driver = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> TraceRaylets:
+        from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
+
+        provider = self.market.trace.provider
+        config = LocalClusterConfig(gpus_per_node=self.spot.gpus_per_node, ondemand_gpus=self.ondemand_gpus,
+                                    provider=provider, notice_s=self.market.notice_s)
+        self.cluster = LocalCluster(config).__enter__()
+        try:
+            self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time())
+            self.driver.tick(0.0)  # the window's initial fleet, before the run's pool looks
+            self.cluster.wait_registered(list(self.cluster.nodes))
+        except BaseException:
+            self.cluster.close()
+            raise
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def start(self) -> None:
+        """The trace's clock starts now (its time 0 was the initial fleet's)."""
+        self.driver.epoch0 = time.time()
+        self._thread = threading.Thread(target=self._follow, name="trace-raylets", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            try:
+                self.driver.tick(time.time() - self.driver.epoch0)
+            except Exception as err:  # re-raised by the exit: a trace that stopped is not a trace
+                self.error = err
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.cluster.close()
+        if self.error is not None and exc[0] is None:
+            raise RuntimeError("the spot trace stopped driving the raylets") from self.error
