@@ -85,12 +85,10 @@ QUEUE_JOURNAL = "queue"  # <run_dir>/queue.state and <run_dir>/queue.log
 
 
 def queue_config(cfg: RunConfig):
-    """The run's queue: ``dispatch.pull_batch`` requests a pull, and with spot on no request is
-    given up for its kills (``SPOT_MAX_ATTEMPTS``)."""
-    from roll_spotlight.dispatch.queue import QueueConfig
-
+    """The run's queue: the ``dispatch`` section's keys, and with spot on no request is given up
+    for its kills (``SPOT_MAX_ATTEMPTS``)."""
     attempts = {"max_attempts": SPOT_MAX_ATTEMPTS} if cfg.spot.enabled else {}
-    return QueueConfig(pull_batch=cfg.dispatch.pull_batch, **attempts)
+    return dataclasses.replace(cfg.dispatch.queue_config(), **attempts)
 
 
 def fresh_queue_journal(run_dir: str | Path) -> Path:
