@@ -147,4 +147,4 @@ def test_negative_soak_minutes_names_the_option(capsys):
     from roll_spotlight.tools.soak import main as soak_main
 
     assert soak_main(["--minutes", "-1"]) == 2
-    assert "soak.minutes" in capsys.readouterr().err
+    assert "--minutes" in capsys.readouterr().err

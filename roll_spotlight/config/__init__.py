@@ -1,8 +1,9 @@
 """The run configuration: one typed dataclass per section, and the strict YAML loader that fills them.
 
-`run` holds the sections of a run (`RunConfig` and its parts); `strict` maps YAML onto dataclasses,
-rejecting unknown keys and wrong types with errors that name the key and the file, and holds the
-validation helpers every config class uses. None of them imports torch, so configs are validated before anything
+`run` holds the sections of a run (`RunConfig` and its parts); `cluster` the live cluster's options
+(the Ray backend's and the trace tools'); `strict` maps YAML onto dataclasses, rejecting unknown
+keys and wrong types with errors that name the key and the file, and holds the validation helpers
+every config class uses. None of them imports torch, so configs are validated before anything
 heavy starts. The `run` names are reached lazily: the config classes of the core packages import
 `strict`, and `run` imports those packages.
 """
