@@ -88,7 +88,8 @@ def test_shared_sections_are_the_standalone_hosts_classes():
     data["spot"] = {"enabled": True, "max_workers": 3, "compression": 10.0}
     data["dispatch"] = {"mode": "pull", "lease_s": 45.0}
     sections, run_cfg = validate_recipe(data)
-    assert run_cfg.spot == run.SpotConfig(enabled=True, max_workers=3, compression=10.0) and run_cfg.spot is sections.spot
+    assert run_cfg.spot is sections.spot and run_cfg.spot == run.SpotConfig(enabled=True, max_workers=3,
+                                                                            compression=10.0)
     assert run_cfg.exploration is sections.exploration and run_cfg.exploration.mode == "stale"
     assert run_cfg.dispatch is sections.dispatch and sections.dispatch.queue_config() == QueueConfig(lease_s=45.0)
 

@@ -336,7 +336,8 @@ class SpotConfig:
         require_choice("spot.resource", self.resource, (SPOT_RESOURCE,))
         require_choice("spot.ondemand_resource", self.ondemand_resource, (ONDEMAND_RESOURCE,))
         label_key, sep, label_value = self.node_label.partition("=")
-        require(bool(sep and label_key and label_value), "spot.node_label", self.node_label, "must look like 'key=value'")
+        require(bool(sep and label_key and label_value), "spot.node_label", self.node_label,
+                "must look like 'key=value'")
 
     @property
     def label(self) -> tuple[str, str]:

@@ -501,7 +501,8 @@ def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: boo
                    f"one of {VICTIM_RULES}")
     p.add_argument("--count-model", default=d.count_model, help=f"count traces: each spot node is one of the "
                    f"group's instances, or the count is a capacity: one of {COUNT_MODELS}")
-    p.add_argument("--nodes", "--cap-nodes", dest="nodes", type=int, default=d.nodes, help="most spot nodes alive at once")
+    p.add_argument("--nodes", "--cap-nodes", dest="nodes", type=int, default=d.nodes,
+                   help="most spot nodes alive at once")
     p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="rollout workers (GPUs) per spot node")
     p.add_argument("--sp-degree", type=int, default=d.sp_degree,
                    help="SP degree of the spot workers' elastic groups (1: solo workers)")
