@@ -138,22 +138,19 @@ def build_market(cfg: TraceRunConfig, trace: Trace) -> SpotMarket:
                                           cap_nodes=cfg.nodes, zones=cfg.zones))
 
 
-def trace_window(cfg: TraceRunConfig, market: SpotMarket) -> dict:
-    """The report's description of the replayed market window."""
-    return {"start_s": market.window_start_s, "end_s": market.window_end_s, "zones": list(market.trace.zone_names),
-            "cap_nodes": cfg.nodes, "victims": cfg.victims, "count_model": cfg.count_model}
+def report_head(kind: str, cfg: TraceRunConfig, trace: Trace, market: SpotMarket) -> dict:
+    """The first fields of a replay's report: its kind, the trace and the replayed market window."""
+    window = {"start_s": market.window_start_s, "end_s": market.window_end_s, "zones": list(market.trace.zone_names),
+              "cap_nodes": cfg.nodes, "victims": cfg.victims, "count_model": cfg.count_model}
+    return {"kind": kind, "trace": trace.name, "trace_window": window, "speedup": cfg.speedup,
+            "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0}
 
 
 def market_report(cfg: TraceRunConfig, trace: Trace, market: SpotMarket) -> dict:
     """What the market alone does in the submission window (wall ``[0, duration_s)``), no Ray:
     nodes started, notices and preemptions (NODE_DOWN events), as a ``kind: "market"`` report."""
     kinds = Counter(ev.kind for ev in market.events_between(0.0, cfg.duration_s))
-    return {
-        "kind": "market",
-        "trace": trace.name,
-        "trace_window": trace_window(cfg, market),
-        "speedup": cfg.speedup,
-        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+    return report_head("market", cfg, trace, market) | {
         "seed": cfg.seed,
         "spot_nodes_initial": len(market.alive_at(0.0)),
         "spot_nodes_started": kinds[EventKind.NODE_UP],
@@ -426,12 +423,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
     completions = results.completions.values()
     regroups = {k.removeprefix("spot/"): v for k, v in regroup_metrics(pool.launcher.regroups).items()}
     regroups["time_lost_per_preemption_s"] = time_lost_per_preemption(pool.launcher.regroups)
-    return {
-        "kind": "measured",
-        "trace": trace.name,
-        "trace_window": trace_window(cfg, market),
-        "speedup": cfg.speedup,
-        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+    return report_head("measured", cfg, trace, market) | {
         **timing,
         "notice_wall_s": None if cfg.no_notice else notice_wall_s(cfg, trace.provider),
         "no_notice": cfg.no_notice,
