@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="spotlight cluster-soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(p, DEFAULTS, minutes=True, join=False)
+    add_arguments(p, DEFAULTS, minutes=True, join=False, notice_floor_s=MIN_CLUSTER_NOTICE_S)
     p.add_argument("--provider", default=None, help=f"notice bridge provider, one of {PROVIDERS}; default: the trace's")
     p.add_argument("--keep-logs", action="store_true", help="keep every raylet's and agent's log (the path is logged)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the harness and the pool do")

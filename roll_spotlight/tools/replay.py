@@ -475,16 +475,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: bool = False,
-                  join: bool = True) -> None:
+def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: bool = False, join: bool = True,
+                  notice_floor_s: float = MIN_NOTICE_S) -> None:
     """The options of replay, soak and cluster-soak (`TraceRunConfig`, defaults ``d``): the run's
     length in wall seconds (``--duration``) or, with ``minutes``, ``--minutes``; with ``join``,
-    ``--address``. Each option's ``dest`` is its field (`config_from_args`)."""
+    ``--address``; ``notice_floor_s`` is the tool's least default notice (`notice_wall_s`). Each
+    option's ``dest`` is its field (`config_from_args`)."""
     p.add_argument("--trace", default=None, help="trace file or folder; omitted: the synthetic p3-like trace")
     if minutes:
         p.add_argument("--minutes", type=float, default=d.duration_s / 60.0, help="wall minutes of request submission")
     else:
-        p.add_argument("--duration", dest="duration_s", type=float, default=d.duration_s,
+        p.add_argument("--duration", dest="duration_s", type=float, default=d.duration_s, metavar="SECONDS",
                        help="wall seconds of request submission")
     p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
     p.add_argument("--start-s", default=str(d.start_s), help="window start in trace seconds, or 'auto' (the busiest)")
@@ -500,12 +501,12 @@ def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: boo
                    help="SP degree of the spot workers' elastic groups (1: solo workers)")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
     p.add_argument("--notice-s", type=float, default=None,
-                   help="notice in wall seconds; omitted: provider notice / speedup, with a floor")
+                   help=f"notice in wall seconds; omitted: provider notice / speedup, at least {notice_floor_s}")
     p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
     p.add_argument("--num-steps", type=int, default=d.num_steps, help="denoising steps per request")
     p.add_argument("--backlog", type=int, default=d.backlog, help="pending requests kept per serving worker")
     p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=d.drain_timeout_s,
-                   help="wall seconds to wait for the drain")
+                   metavar="SECONDS", help="wall seconds to wait for the drain")
     p.add_argument("--seed", type=int, default=d.seed)
     if join:
         p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
