@@ -16,10 +16,18 @@ from roll_spotlight.startup import WorkerPlacement, set_threads
 
 
 def _load_run_config(path: str, overrides: list[str]):
-    from roll_spotlight.config.strict import load_config
+    """The run config of `path`, with what this host cannot run refused: its workers always pull
+    (static shares are the ROLL host's vanilla baseline) from the queue the scheduler names."""
+    from roll_spotlight import plugins
+    from roll_spotlight.config.strict import ConfigError, load_config
     from roll_spotlight.config.run import RunConfig
 
-    return load_config(RunConfig, path, overrides)
+    cfg = load_config(RunConfig, path, overrides)
+    if cfg.dispatch.mode != "pull":
+        raise ConfigError(f"dispatch.mode={cfg.dispatch.mode!r} in {path}: spotlight train's workers pull from the "
+                          "queue (static shares are the ROLL host's vanilla baseline); set dispatch.mode: pull")
+    plugins.resolve("schedulers", cfg.dispatch.scheduler)  # fails now, naming the known schedulers
+    return cfg
 
 
 def cmd_pretrain(args) -> int:
@@ -138,27 +146,6 @@ def cmd_bench(args) -> int:
     return importlib.import_module(modules[args.name]).main(args.rest)
 
 
-def cmd_simulate(args) -> int:
-    """Cluster time and cost per iteration by simulation (every figure labelled simulated)."""
-    from roll_spotlight.sim.run import main as simulate_main
-
-    return simulate_main(args.rest)
-
-
-def cmd_replay(args) -> int:
-    """Live runtime under a spot trace's preemptions; one JSON object of loss/duplication counters."""
-    from roll_spotlight.tools.replay import main as replay_main
-
-    return replay_main(args.rest)
-
-
-def cmd_soak(args) -> int:
-    """The live runtime under a repeated spot trace for M minutes; one JSON report (measured)."""
-    from roll_spotlight.tools.soak import main as soak_main
-
-    return soak_main(args.rest)
-
-
 def cmd_prompts(args) -> int:
     """`spotlight prompts ocr --out DIR`: the shipped OCR prompt set, as train.txt and test.txt."""
     from roll_spotlight.tasks.ocr_prompts import write_ocr_prompts
@@ -198,6 +185,18 @@ def _add_trace_arg(p: argparse.ArgumentParser) -> None:
                    help="spot trace (file or folder) the spot workers follow; enables spot (implies --ray)")
 
 
+# subcommands that parse their own options (and --help): name -> (module with `main(argv)`, summary)
+PASSTHROUGH = {
+    "simulate": ("roll_spotlight.sim.run", "simulate time and cost per iteration for the four baselines"),
+    "replay": ("roll_spotlight.tools.replay", "replay a spot trace against the live runtime (measured)"),
+    "soak": ("roll_spotlight.tools.soak", "replay a spot trace for M minutes, repeating it (measured)"),
+    "cluster-soak": ("roll_spotlight.tools.cluster_soak",
+                     "a spot trace driving real raylets on this machine (measured)"),
+    "notice-agent": ("roll_spotlight.tools.notice_agent", "drain this Ray node on its cloud's preemption notice"),
+    "compare": ("roll_spotlight.tools.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spotlight", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -235,24 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("simulate", help="simulate time and cost per iteration for the four baselines",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_simulate)
-    p = sub.add_parser("replay", help="replay a spot trace against the live runtime (measured)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_replay)
-    p = sub.add_parser("soak", help="replay a spot trace for M minutes, repeating it (measured)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_soak)
-    p = sub.add_parser("cluster-soak", help="a spot trace driving real raylets on this machine (measured)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p = sub.add_parser("notice-agent", help="drain this Ray node on its cloud's preemption notice",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, (_, summary) in PASSTHROUGH.items():  # listed in --help; `main` hands them their arguments
+        sub.add_parser(name, help=summary, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("prompts", help="write a shipped prompt set: `prompts ocr --out DIR`")
     p.add_argument("kind", choices=["ocr"])
     p.add_argument("--out", required=True, help="folder for train.txt and test.txt")
@@ -264,18 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_tiny_qwen)
-    p = sub.add_parser("compare", help="two run directories side by side (markdown, PNG, JSON); a CI gate",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
     p.add_argument("root")
     p.set_defaults(func=cmd_traces)
     return parser
 
 
-PASSTHROUGH = {"simulate": "roll_spotlight.sim.run", "replay": "roll_spotlight.tools.replay",
-               "soak": "roll_spotlight.tools.soak", "compare": "roll_spotlight.tools.compare",
-               "cluster-soak": "roll_spotlight.tools.cluster_soak", "notice-agent": "roll_spotlight.tools.notice_agent"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in PASSTHROUGH:  # these parse their own options (and --help)
         import importlib
 
-        return importlib.import_module(PASSTHROUGH[argv[0]]).main(argv[1:])
+        return importlib.import_module(PASSTHROUGH[argv[0]][0]).main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -69,6 +69,13 @@ def test_negative_exploration_budget_names_the_key(tmp_path, capsys):
     assert "exploration.seeds_per_prompt" in err and "-8" in err
 
 
+def test_dispatch_keys_the_standalone_host_cannot_run_name_the_key(tmp_path, capsys):
+    err = _train(tmp_path, capsys, CONFIG, "dispatch.mode=static")
+    assert "dispatch.mode='static'" in err and "pull" in err and str(CONFIG) in err
+    err = _train(tmp_path, capsys, CONFIG, "dispatch.scheduler=fifo")
+    assert "fifo" in err and "pull_queue" in err
+
+
 def test_sp_degree_not_dividing_the_heads_names_both_keys_and_the_file():
     """The SP degree lives in the ROLL recipe's `elastic` section (parsed without ROLL)."""
     from roll_spotlight.roll.sections import validate_recipe
@@ -147,4 +154,4 @@ def test_negative_soak_minutes_names_the_option(capsys):
     from roll_spotlight.tools.soak import main as soak_main
 
     assert soak_main(["--minutes", "-1"]) == 2
-    assert "soak.minutes" in capsys.readouterr().err
+    assert "--minutes" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from roll_spotlight.spot import EventList, NodeEvent, Trace
 from roll_spotlight.runtime.faults import FaultPlan
 from roll_spotlight.spot.market import MarketConfig, SpotMarket
-from roll_spotlight.tools.cluster_soak import ClusterSoakConfig, check_machine, main, run_cluster_soak
+from roll_spotlight.tools.cluster_soak import DEFAULTS, check_machine, main, run_cluster_soak
 from roll_spotlight.tools.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb
 
 
@@ -32,7 +33,7 @@ def test_capacity_names_the_flags_and_what_fits():
     check_capacity(4, 2, fits)
     with pytest.raises(ValueError, match=r"--nodes 5 x --gpus-per-node 2 .* at most --nodes 4 here"):
         check_capacity(5, 2, fits)
-    with pytest.raises(ValueError, match="--nodes must be >= 1"):
+    with pytest.raises(ValueError, match="--nodes must be an integer >= 1"):
         check_capacity(0, 2, fits)
 
 
@@ -44,7 +45,7 @@ def test_too_many_nodes_is_one_line_exit_2_before_anything_starts(capsys):
     assert _my_ray_processes() == ps_before, "nothing may start before the check"
 
 
-@pytest.mark.parametrize("argv, flag", [(["--provider", "ibm"], "--provider 'ibm'"),
+@pytest.mark.parametrize("argv, flag", [(["--provider", "ibm"], "--provider must be null or one of"),
                                         (["--minutes", "0"], "--minutes"),
                                         (["--sp-degree", "3"], "--sp-degree"),
                                         (["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv")])
@@ -55,7 +56,7 @@ def test_bad_input_names_the_flag(argv, flag, capsys):
 
 def test_sp_groups_must_fit_the_nodes():
     with pytest.raises(ValueError, match="--gpus-per-node"):
-        check_machine(ClusterSoakConfig(nodes=1, gpus_per_node=1, sp_degree=2), available_mb=1e9)
+        check_machine(replace(DEFAULTS, nodes=1, gpus_per_node=1, sp_degree=2), available_mb=1e9)
 
 
 class FakeCluster:
@@ -125,8 +126,8 @@ def test_notice_drain_commit_node_gone_and_nothing_lost(tmp_path):
     before = ray_address_file.stat().st_mtime_ns if ray_address_file.exists() else None
     # one spot node of 2 GPUs (one SP-2 group): noticed 4 s into the 15 s run, killed 4 s later
     trace = _trace((0.0, "add", "a"), (8.0, "remove", "a"), (600.0, "add", "later"))
-    cfg = ClusterSoakConfig(minutes=0.25, speedup=1.0, nodes=1, gpus_per_node=2, sp_degree=2, notice_s=4.0,
-                            num_steps=6, drain_timeout_s=60.0)
+    cfg = replace(DEFAULTS, duration_s=15.0, speedup=1.0, nodes=1, gpus_per_node=2, sp_degree=2, notice_s=4.0,
+                  num_steps=6, drain_timeout_s=60.0)
     report = run_cluster_soak(cfg, trace, worker_kwargs=lambda node_id: {"faults": FaultPlan(hold_at_step=3)})
     summary = json.dumps({k: report[k] for k in ("cluster", "notices", "preemptions", "commits", "lost")})
     assert report["cluster"] == {"joins": 1, "notices": 1, "kills_after_notice": 1, "kills_without_notice": 0,

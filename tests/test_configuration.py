@@ -1,10 +1,12 @@
 """Strict YAML -> dataclass mapping: unknown keys, wrong types and impossible values name the key."""
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from roll_spotlight.config.strict import ConfigError, from_dict, load_config, to_dict
+from roll_spotlight.config.strict import (ConfigError, from_dict, load_config, require_choice, require_int,
+                                          require_literals, require_number, to_dict)
 from roll_spotlight.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,3 +86,43 @@ def test_spotlight_twin_differs_only_in_exploration():
 def test_quickstart_config_loads():
     cfg = load_config(RunConfig, REPO / "configs" / "quickstart.yaml")
     assert cfg.exp_name == "quickstart"
+
+
+@pytest.mark.parametrize("check, args, message", [
+    (require_int, ("a.n", 0), "a.n must be an integer >= 1, got 0"),
+    (require_int, ("a.n", True), "a.n must be an integer >= 1, got True"),
+    (require_int, ("a.n", 2.0, ">= 0"), "a.n must be an integer >= 0, got 2.0"),
+    (require_number, ("a.x", 1.0, "[0, 1)"), "a.x must be a finite number in [0, 1), got 1.0"),
+    (require_number, ("a.x", float("nan"), ">= 0"), "a.x must be a finite number >= 0, got nan"),
+    (require_number, ("a.x", None), "a.x must be a finite number > 0, got None"),
+    (require_choice, ("a.c", "z", ("p", "q")), "a.c must be one of ['p', 'q'], got 'z'"),
+])
+def test_helpers_name_the_key_the_rule_and_the_value(check, args, message):
+    with pytest.raises(ValueError) as err:
+        check(*args)
+    assert str(err.value) == message
+
+
+def test_helpers_accept_what_the_rule_allows():
+    require_int("a.n", 1024, "[1, 1024]")
+    require_number("a.x", 0.0, "[0, 1)")
+    require_number("a.x", None, optional=True)
+    require_choice("a.c", None, ("p",), optional=True)
+    with pytest.raises(ValueError, match=r"a\.x must be null or a finite number > 0 \(why\), got -1"):
+        require_number("a.x", -1, optional=True, why="(why)")
+
+
+def test_literal_fields_are_checked_for_configs_built_in_python():
+    @dataclass
+    class Choice:
+        mode: Literal["on", "off"] = "on"
+        phase: Literal["a", "b"] | None = None
+
+        def __post_init__(self):
+            require_literals(self, "sec")
+
+    Choice(phase="b")
+    with pytest.raises(ValueError, match=r"sec\.mode must be one of \['on', 'off'\], got 'maybe'"):
+        Choice(mode="maybe")
+    with pytest.raises(ValueError, match=r"sec\.phase must be null or one of"):
+        Choice(phase="c")

@@ -45,7 +45,7 @@ def test_pull_batch_must_be_a_positive_integer_naming_the_key(bad):
 
 def test_pull_batch_defaults_to_one_and_is_a_dispatch_key():
     assert QueueConfig().pull_batch == 1
-    from roll_spotlight.roll.sections import DispatchConfig
+    from roll_spotlight.config.run import DispatchConfig
 
     assert DispatchConfig(pull_batch=8).queue_config().pull_batch == 8
     with pytest.raises(ConfigError, match=r"dispatch\.pull_batch"):

@@ -68,14 +68,22 @@ def run_sync(planner, reward, max_pulls=500, now_s=0.0, duration_s=1.0):
     ("seeds_per_pull", 0), ("group_size", 1), ("min_seeds_before_abandon", 1), ("predicted_train_s", -1.0),
     ("spot_workers", -2), ("per_seed_s", 0.0), ("mc_draws", 0), ("prior_strength", 0.0), ("cost_ewma", 1.5),
     ("abandon_tolerance", -0.1), ("base_seed", -1), ("max_lookahead_pulls", 0), ("replace_abandoned", "yes"),
-    ("predicted_train_s", math.nan), ("group_size", 2.5), ("posterior", "bayes"), ("prior_bins", 1),
-    ("prior_floor", 0.0), ("prior_floor", 1.5), ("prior_donor_strength", 0.0), ("prior_tempering", -1.0),
+    ("predicted_train_s", math.nan), ("group_size", 2.5), ("posterior", "bayes"),
     ("binary_prior", -1.0), ("binary_prior", math.inf), ("kind_donors", "yes"), ("screen_seeds", -1),
     ("screen_seeds", 1.5),
 ])
 def test_config_errors_name_the_key(key, value):
     with pytest.raises(ValueError, match=rf"PlannerConfig\.{key}"):
         PlannerConfig(**{key: value})
+
+
+@pytest.mark.parametrize("key,value", [("bins", 1), ("floor", 0.0), ("floor", 1.5), ("donor_strength", 0.0),
+                                       ("tempering", -1.0)])
+def test_prior_config_errors_name_the_key(key, value):
+    from roll_spotlight.exploration.prior import PriorConfig
+
+    with pytest.raises(ValueError, match=rf"PlannerConfig\.prior\.{key}"):
+        PlannerConfig(prior=PriorConfig(**{key: value}))
 
 
 def test_prompt_ids_must_be_unique_and_stable_types():

@@ -143,7 +143,7 @@ def test_exclude_of_another_class_is_a_condition():
 
 
 def test_rules_config_errors():
-    with pytest.raises(ValueError, match="reward_fn.kwargs.threshold=1.5"):
+    with pytest.raises(ValueError, match=r"reward_fn\.kwargs\.threshold must be a finite number in \[0, 1\], got 1\.5"):
         GenevalRules(threshold=1.5)
     with pytest.raises(ValueError, match="max_objects"):
         GenevalRules(max_objects=0)

@@ -6,14 +6,15 @@ import json
 
 import pytest
 
+from roll_spotlight.config.cluster import TraceRunConfig
 from roll_spotlight.spot import EventKind, EventList, NodeEvent, Trace
 from roll_spotlight.tools.replay import (
     MIN_NOTICE_S,
-    ReplayConfig,
     RequestStream,
     build_market,
     build_parser,
     busiest_window,
+    check_placement,
     config_from_args,
     failed_checks,
     main,
@@ -39,15 +40,15 @@ def test_busiest_window_starts_a_lead_before_the_densest_preemptions():
 
 def test_auto_window_is_what_the_market_replays():
     trace = trace_with_downs([1_000.0, 9_000.0, 9_500.0, 10_200.0, 15_000.0])
-    market = build_market(ReplayConfig(start_s="auto", speedup=30.0, duration_s=120.0, drain_timeout_s=10.0), trace)
+    market = build_market(TraceRunConfig(start_s="auto", speedup=30.0, duration_s=120.0, drain_timeout_s=10.0), trace)
     downs = [e.time_s for e in market.events if e.kind is EventKind.NODE_DOWN]
     assert market.window_start_s == 8_400.0 and downs == [20.0, 1_100.0 / 30, 60.0]
 
 
 def test_notice_defaults_to_the_compressed_provider_notice_with_a_floor():
-    assert notice_wall_s(ReplayConfig(speedup=30.0), "aws") == 4.0
-    assert notice_wall_s(ReplayConfig(speedup=30.0), "gcp") == MIN_NOTICE_S
-    assert notice_wall_s(ReplayConfig(speedup=30.0, notice_s=0.5), "aws") == 0.5
+    assert notice_wall_s(TraceRunConfig(speedup=30.0), "aws") == 4.0
+    assert notice_wall_s(TraceRunConfig(speedup=30.0), "gcp") == MIN_NOTICE_S
+    assert notice_wall_s(TraceRunConfig(speedup=30.0, notice_s=0.5), "aws") == 0.5
 
 
 def test_arguments_become_a_validated_config():
@@ -58,14 +59,15 @@ def test_arguments_become_a_validated_config():
     assert config_from_args(build_parser().parse_args(["--start-s", "7200"])).start_s == 7200.0
     with pytest.raises(ValueError, match="--start-s"):
         config_from_args(build_parser().parse_args(["--start-s", "soon"]))
-    with pytest.raises(ValueError, match="replay.speedup"):
-        ReplayConfig(speedup=0.0)
-    with pytest.raises(ValueError, match="replay.commit_every"):
-        ReplayConfig(commit_every=-1)
+    with pytest.raises(ValueError, match="--speedup"):
+        TraceRunConfig(speedup=0.0)
+    with pytest.raises(ValueError, match="--commit-every"):
+        TraceRunConfig(commit_every=-1)
     with pytest.raises(ValueError, match="--gpus-per-node=3 does not fit --sp-degree=2"):
-        ReplayConfig(gpus_per_node=3, sp_degree=2)
+        check_placement(TraceRunConfig(gpus_per_node=3, sp_degree=2))
     with pytest.raises(ValueError, match="--sp-degree=3 must divide model.num_attention_heads=4"):
-        ReplayConfig(sp_degree=3)
+        config_from_args(build_parser().parse_args(["--sp-degree", "3"]))
+    assert config_from_args(build_parser().parse_args(["--cap-nodes", "2"])).nodes == 2  # the earlier flag
 
 
 def test_bad_input_exits_2(capsys):
@@ -119,18 +121,18 @@ def _group_trace() -> Trace:
 
 def test_count_model_reaches_the_market_and_the_auto_window():
     trace = _group_trace()
-    base = dict(speedup=60.0, duration_s=120.0, drain_timeout_s=10.0, cap_nodes=4, seed=5)
-    capacity = build_market(ReplayConfig(count_model="capacity", **base), trace)
-    instances = build_market(ReplayConfig(**base), trace)
+    base = dict(speedup=60.0, duration_s=120.0, drain_timeout_s=10.0, nodes=4, seed=5)
+    capacity = build_market(TraceRunConfig(count_model="capacity", **base), trace)
+    instances = build_market(TraceRunConfig(**base), trace)
     assert (capacity.config.count_model, instances.config.count_model) == ("capacity", "instances")
     downs = [e for e in instances.events if e.kind is EventKind.NODE_DOWN]
     assert downs and not any(e.kind is EventKind.NODE_DOWN for e in capacity.events)
     # the auto window is chosen on the market that is replayed (same model, same seed)
-    auto = build_market(ReplayConfig(start_s="auto", **base), trace)
+    auto = build_market(TraceRunConfig(start_s="auto", **base), trace)
     start = busiest_window(trace, 120.0 * 60.0, cap_nodes=4, count_model="instances", seed=5)
     assert auto.window_start_s == start
-    with pytest.raises(ValueError, match="replay.count_model"):
-        ReplayConfig(count_model="capacities")
+    with pytest.raises(ValueError, match="--count-model"):
+        TraceRunConfig(count_model="capacities")
     args = build_parser().parse_args(["--count-model", "capacity"])
     assert config_from_args(args).count_model == "capacity"
     assert config_from_args(build_parser().parse_args([])).count_model == "instances"

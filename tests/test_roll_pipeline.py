@@ -173,7 +173,7 @@ def _spot_pipeline_cls():
     class OneSpotNode(SpotlightPipeline):
         def make_spot_pool(self, queue):
             self._check_spot(self.pipeline_config)
-            spot, elastic = self.pipeline_config.spot.run_config(), self.pipeline_config.elastic
+            spot, elastic = self.pipeline_config.spot, self.pipeline_config.elastic
             source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
             return start_training_pool(spot, source, queue, self.store, ondemand_gpus=3,
                                        market=training_market(spot, trace), inbox=self.inbox,

@@ -72,23 +72,26 @@ def test_vanilla_twin_differs_only_in_spotlight_components(path):
 
 
 def test_shared_sections_are_the_standalone_hosts_classes():
-    """A key means the same in a ROLL recipe and a `spotlight train` YAML: one class per section."""
+    """A key means the same in a ROLL recipe and a `spotlight train` YAML: one class per section,
+    and the recipe maps onto the run config's tree (only `elastic` is the ROLL host's own)."""
     from roll_spotlight.dispatch.queue import QueueConfig
-    from roll_spotlight.roll.sections import DispatchConfig, RollSpotConfig, SpotlightSections
+    from roll_spotlight.roll.sections import SpotlightSections
     from roll_spotlight.config import run
 
     hints = {f.name: f.type for f in dataclasses.fields(SpotlightSections)}
     for section, cls in (("exploration", "ExplorationConfig"), ("sampling", "SamplingConfig"), ("train", "GRPOConfig"),
-                         ("task", "TaskConfig"), ("base_pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig")):
+                         ("task", "TaskConfig"), ("base_pretrain", "PretrainConfig"), ("reward_fn", "RewardConfig"),
+                         ("spot", "SpotConfig"), ("dispatch", "DispatchConfig")):
         assert hints[section] == cls, section
         assert getattr(run, cls).__module__ == "roll_spotlight.config.run"
-    assert issubclass(RollSpotConfig, run.SpotConfig) and issubclass(DispatchConfig, QueueConfig)
     data = load_yaml(ROOT / "configs/roll/tiny_shapes_roll.yaml")
     data["spot"] = {"enabled": True, "max_workers": 3, "compression": 10.0}
+    data["dispatch"] = {"mode": "pull", "lease_s": 45.0}
     sections, run_cfg = validate_recipe(data)
-    assert run_cfg.spot == run.SpotConfig(enabled=True, max_workers=3, compression=10.0)
+    assert run_cfg.spot is sections.spot and run_cfg.spot == run.SpotConfig(enabled=True, max_workers=3,
+                                                                            compression=10.0)
     assert run_cfg.exploration is sections.exploration and run_cfg.exploration.mode == "stale"
-    assert sections.dispatch.queue_config() == QueueConfig()
+    assert run_cfg.dispatch is sections.dispatch and sections.dispatch.queue_config() == QueueConfig(lease_s=45.0)
 
 
 @pytest.mark.parametrize("change, fragment", [

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from roll_spotlight.spot import EventList, NodeEvent, Trace
-from roll_spotlight.tools.soak import RssSampler, SoakConfig, laps_needed, main, tile_trace
+from roll_spotlight.config.cluster import TraceRunConfig
+from roll_spotlight.tools.soak import DEFAULTS, RssSampler, laps_needed, main, tile_trace
 from roll_spotlight.spot.traces import CountSeries
 
 
@@ -53,8 +54,8 @@ def test_shipped_traces_tile(name, shipped_traces):
 
 def test_laps_cover_the_soak_and_its_drain():
     trace = _events()  # 100 trace seconds
-    assert laps_needed(SoakConfig(minutes=1.0, speedup=10.0, drain_timeout_s=60.0), trace) == 12
-    assert laps_needed(SoakConfig(minutes=0.01, speedup=1.0, drain_timeout_s=1.0), trace) == 1
+    assert laps_needed(TraceRunConfig(duration_s=60.0, speedup=10.0, drain_timeout_s=60.0), trace) == 12
+    assert laps_needed(TraceRunConfig(duration_s=0.6, speedup=1.0, drain_timeout_s=1.0), trace) == 1
 
 
 def test_rss_sampler_sees_this_process():
@@ -63,11 +64,15 @@ def test_rss_sampler_sees_this_process():
     assert rss.samples >= 1 and rss.peak_actors_mb > 10.0 and rss.peak_all_mb >= rss.peak_actors_mb
 
 
-def test_config_names_the_bad_key():
-    with pytest.raises(ValueError, match="soak.speedup"):
-        SoakConfig(speedup=0.0)
-    with pytest.raises(ValueError, match="soak.cap_nodes"):
-        SoakConfig(cap_nodes=0)
+def test_config_names_the_bad_option():
+    from roll_spotlight.tools.soak import build_parser, config_from_args
+
+    with pytest.raises(ValueError, match="--speedup"):
+        config_from_args(build_parser().parse_args(["--speedup", "0"]))
+    with pytest.raises(ValueError, match="--nodes"):
+        config_from_args(build_parser().parse_args(["--cap-nodes", "0"]))
+    with pytest.raises(ValueError, match="--minutes"):
+        config_from_args(build_parser().parse_args(["--minutes", "nan"]))
 
 
 @pytest.mark.ray
@@ -86,14 +91,14 @@ def test_few_second_soak_loses_nothing_and_reports_memory(capsys):
     assert report["peak_rss_mb"] > 100 and report["rss_samples"] >= 2
 
 
-def test_count_model_reaches_the_replay_config_and_market_only_counts_preemptions(tmp_path, capsys):
+def test_count_model_reaches_the_config_and_market_only_counts_preemptions(tmp_path, capsys):
     from roll_spotlight.tools.soak import build_parser, config_from_args
 
     cfg = config_from_args(build_parser().parse_args(["--count-model", "capacity"]))
-    assert cfg.count_model == "capacity" and cfg.replay_config().count_model == "capacity"
-    assert SoakConfig().replay_config().count_model == "instances"
-    with pytest.raises(ValueError, match="soak.count_model"):
-        SoakConfig(count_model="capacities")
+    assert cfg.count_model == "capacity" and cfg.duration_s == DEFAULTS.duration_s == 60.0
+    assert DEFAULTS.count_model == "instances"
+    with pytest.raises(ValueError, match="--count-model"):
+        TraceRunConfig(count_model="capacities")
     folder = tmp_path / "gcp-group"
     folder.mkdir()
     counts = [55] + [50, 55, 30, 55] * 3  # 2 trace hours: a 20-hour soak needs 10 laps

@@ -9,10 +9,12 @@ This module imports no torch.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from roll_spotlight.config.strict import (require, require_choice, require_each, require_int, require_literals,
+                                          require_number)
+from roll_spotlight.dispatch.queue import QueueConfig
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.models.lora import LoraConfig
 from roll_spotlight.tasks.shapes.spec import TAGS
@@ -20,15 +22,9 @@ from roll_spotlight.tasks.shapes.spec import TAGS
 TRACKERS = ("jsonl", "tensorboard", "none")
 
 
-def _require(cond: bool, key: str, value, rule: str) -> None:
-    if not cond:
-        raise ValueError(f"{key} {rule}, got {value!r}")
-
-
 def _require_tags(key: str, tags) -> None:
-    if tags is not None:
-        _require(len(tags) > 0 and all(t in TAGS for t in tags), key, tags,
-                 f"must be null or a non-empty list of tags from {list(TAGS)}")
+    require(tags is None or (len(tags) > 0 and all(t in TAGS for t in tags)), key, tags,
+            f"must be null or a non-empty list of tags from {list(TAGS)}")
 
 
 @dataclass
@@ -56,17 +52,15 @@ class TaskConfig:
     format: Literal["txt", "geneval"] | None = None
 
     def __post_init__(self) -> None:
-        _require(self.train_prompts >= 1, "task.train_prompts", self.train_prompts, "must be >= 1")
-        _require(self.val_prompts >= 1, "task.val_prompts", self.val_prompts, "must be >= 1")
+        require_each(self, "task", ("train_prompts", "val_prompts"), require_int)
         _require_tags("task.tags", self.tags)
-        if self.name == "prompts":
-            for key in ("train_file", "test_file"):
-                _require(bool(getattr(self, key)), f"task.{key}", getattr(self, key),
-                         "must name a prompt file with task.name=prompts")
-        else:
-            for key in ("train_file", "test_file", "format"):
-                _require(getattr(self, key) is None, f"task.{key}", getattr(self, key),
-                         "applies to task.name=prompts only")
+        files = self.name == "prompts"
+        for key in ("train_file", "test_file", "format"):
+            value = getattr(self, key)
+            if files and key != "format":
+                require(bool(value), f"task.{key}", value, "must name a prompt file with task.name=prompts")
+            elif not files:
+                require(value is None, f"task.{key}", value, "applies to task.name=prompts only")
 
 
 @dataclass
@@ -87,11 +81,11 @@ class RewardConfig:
     overlap: bool = True
 
     def __post_init__(self) -> None:
-        _require(bool(self.name) or bool(self.weights), "reward.name", self.name, "must be set")
-        _require(self.world_size >= 1, "reward.world_size", self.world_size, "must be >= 1")
-        _require(self.batch_size >= 1, "reward.batch_size", self.batch_size, "must be >= 1")
+        require(bool(self.name) or bool(self.weights), "reward.name", self.name, "must be set")
+        require_each(self, "reward", ("world_size", "batch_size"), require_int)
         for key, weight in (self.weights or {}).items():
-            _require(isinstance(weight, (int, float)), f"reward.weights.{key}", weight, "must be a number")
+            require(isinstance(weight, (int, float)) and not isinstance(weight, bool), f"reward.weights.{key}",
+                    weight, "must be a number")
 
 
 @dataclass
@@ -115,14 +109,13 @@ class SamplingConfig:
             from roll_spotlight.models.guidance import check_guidance
 
             check_guidance(self.guidance_scale, self.negative_prompt)
-        _require(self.num_steps >= 2, "sampling.num_steps", self.num_steps, "must be >= 2")
-        _require(self.noise_level > 0, "sampling.noise_level", self.noise_level, "must be > 0")
-        _require(0 <= self.sde_window <= self.num_steps, "sampling.sde_window", self.sde_window,
-                 f"must be in [0, sampling.num_steps={self.num_steps}]")
+        require_each(self, "sampling", ("num_steps", "eval_num_steps"), require_int, ">= 2")
+        require_number("sampling.noise_level", self.noise_level)
+        require_int("sampling.sde_window", self.sde_window, f"[0, {self.num_steps}]",
+                    why=f"(sampling.num_steps={self.num_steps})")
         lo, hi = self.window_range
-        _require(0 <= lo <= hi <= self.num_steps - max(self.sde_window, 1), "sampling.window_range",
-                 self.window_range, "must satisfy 0 <= lo <= hi <= num_steps - sde_window")
-        _require(self.eval_num_steps >= 2, "sampling.eval_num_steps", self.eval_num_steps, "must be >= 2")
+        require(0 <= lo <= hi <= self.num_steps - max(self.sde_window, 1), "sampling.window_range",
+                self.window_range, "must satisfy 0 <= lo <= hi <= num_steps - sde_window")
 
 
 @dataclass
@@ -151,18 +144,13 @@ class GRPOConfig:
     sharding: Literal["replicate", "fsdp"] = "replicate"
 
     def __post_init__(self) -> None:
-        _require(self.group_size >= 2, "train.group_size", self.group_size,
-                 "must be >= 2 (advantages are relative within a group)")
-        _require(self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be > 0")
-        _require(self.clip_range > 0, "train.clip_range", self.clip_range, "must be > 0")
-        _require(self.kl_beta >= 0, "train.kl_beta", self.kl_beta, "must be >= 0")
-        _require(self.adv_clip > 0, "train.adv_clip", self.adv_clip, "must be > 0")
-        _require(self.max_grad_norm > 0, "train.max_grad_norm", self.max_grad_norm, "must be > 0")
-        _require(self.micro_batch_size >= 1, "train.micro_batch_size", self.micro_batch_size, "must be >= 1")
-        _require(self.inner_epochs >= 1, "train.inner_epochs", self.inner_epochs, "must be >= 1")
-        _require(0 <= self.ema_decay < 1, "train.ema_decay", self.ema_decay, "must be in [0, 1) (0 = off)")
-        _require(self.sharding == "replicate" or self.ema_decay == 0, "train.sharding", self.sharding,
-                 "must be 'replicate' with train.ema_decay > 0 (fsdp keeps no weight average)")
+        require_int("train.group_size", self.group_size, ">= 2", why="(advantages are relative within a group)")
+        require_each(self, "train", ("learning_rate", "clip_range", "adv_clip", "max_grad_norm"), require_number)
+        require_number("train.kl_beta", self.kl_beta, ">= 0")
+        require_each(self, "train", ("micro_batch_size", "inner_epochs"), require_int)
+        require_number("train.ema_decay", self.ema_decay, "[0, 1)", why="(0 = off)")
+        require(self.sharding == "replicate" or self.ema_decay == 0, "train.sharding", self.sharding,
+                "must be 'replicate' with train.ema_decay > 0 (fsdp keeps no weight average)")
 
 
 @dataclass
@@ -187,12 +175,11 @@ class PretrainConfig:
     tags: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        _require(self.steps >= 1, "pretrain.steps", self.steps, "must be >= 1")
-        _require(self.batch_size >= 1, "pretrain.batch_size", self.batch_size, "must be >= 1")
-        _require(self.learning_rate > 0, "pretrain.learning_rate", self.learning_rate, "must be > 0")
-        _require(self.warmup_steps >= 0, "pretrain.warmup_steps", self.warmup_steps, "must be >= 0")
-        _require(0 <= self.ema_decay < 1, "pretrain.ema_decay", self.ema_decay, "must be in [0, 1)")
-        _require(0 < self.loss_min_sigma <= 1, "pretrain.loss_min_sigma", self.loss_min_sigma, "must be in (0, 1]")
+        require_each(self, "pretrain", ("steps", "batch_size"), require_int)
+        require_int("pretrain.warmup_steps", self.warmup_steps, ">= 0")
+        require_number("pretrain.learning_rate", self.learning_rate)
+        require_number("pretrain.ema_decay", self.ema_decay, "[0, 1)")
+        require_number("pretrain.loss_min_sigma", self.loss_min_sigma, "(0, 1]")
         _require_tags("pretrain.tags", self.tags)
 
 
@@ -252,33 +239,19 @@ class ExplorationConfig:
     adaptive_probe_every: int = 5
 
     def __post_init__(self) -> None:
-        _require(self.seeds_per_prompt >= 1, "exploration.seeds_per_prompt", self.seeds_per_prompt, "must be >= 1")
-        _require(self.selection in ("max_variance", "top_bottom"), "exploration.selection", self.selection,
-                 "must be 'max_variance' or 'top_bottom'")
-        _require(self.baseline in ("selected", "pool"), "exploration.baseline", self.baseline,
-                 "must be 'selected' or 'pool'")
-        _require(self.num_steps is None or (not isinstance(self.num_steps, bool) and self.num_steps >= 1),
-                 "exploration.num_steps", self.num_steps, "must be null (sampling.num_steps) or an integer >= 1")
-        _require(self.kind in ("sde", "ode"), "exploration.kind", self.kind, "must be 'sde' or 'ode'")
-        _require(isinstance(self.adaptive, bool), "exploration.adaptive", self.adaptive, "must be true or false")
-        _require(self.adaptive_min_gain > 0, "exploration.adaptive_min_gain", self.adaptive_min_gain,
-                 "must be > 0 (a ratio of standard deviations)")
-        _require(0 <= self.adaptive_min_equal_removed <= 1, "exploration.adaptive_min_equal_removed",
-                 self.adaptive_min_equal_removed, "must be in [0, 1]")
-        _require(-1.0 <= self.adaptive_min_spearman <= 1.0, "exploration.adaptive_min_spearman",
-                 self.adaptive_min_spearman, "must be in [-1, 1]")
-        _require(self.adaptive_window >= 1, "exploration.adaptive_window", self.adaptive_window, "must be >= 1")
-        _require(self.adaptive_probe_every >= 0, "exploration.adaptive_probe_every", self.adaptive_probe_every,
-                 "must be >= 0 (0 = never probe once stopped)")
-        _require(self.seeds_per_pull >= 1, "exploration.seeds_per_pull", self.seeds_per_pull, "must be >= 1")
-        _require(self.min_seeds_before_abandon >= 2, "exploration.min_seeds_before_abandon",
-                 self.min_seeds_before_abandon, "must be >= 2")
-        _require(self.screen_seeds >= 0, "exploration.screen_seeds", self.screen_seeds, "must be >= 0")
-        _require(-1.0 <= self.rank_threshold <= 1.0, "exploration.rank_threshold", self.rank_threshold,
-                 "must be in [-1, 1]")
+        key = "exploration"
+        require_each(self, key, ("seeds_per_prompt", "seeds_per_pull", "adaptive_window"), require_int)
+        require_int("exploration.num_steps", self.num_steps, optional=True, why="(null: sampling.num_steps)")
+        require_int("exploration.min_seeds_before_abandon", self.min_seeds_before_abandon, ">= 2")
+        require_each(self, key, ("screen_seeds", "adaptive_probe_every"), require_int, ">= 0", why="(0: off)")
+        require_literals(self, key)
+        require(isinstance(self.adaptive, bool), "exploration.adaptive", self.adaptive, "must be true or false")
+        require_number("exploration.adaptive_min_gain", self.adaptive_min_gain, why="(a ratio of standard deviations)")
+        require_number("exploration.adaptive_min_equal_removed", self.adaptive_min_equal_removed, "[0, 1]")
+        require_each(self, key, ("adaptive_min_spearman", "rank_threshold"), require_number, "[-1, 1]")
 
 
-TRAINING_PHASES = ("train", "explore", "auto")
+SPOT_RESOURCE, ONDEMAND_RESOURCE = "spot_gpu", "ondemand_gpu"  # the Ray resources of spot and on-demand GPUs
 
 
 @dataclass
@@ -316,6 +289,11 @@ class SpotConfig:
     (the default, from the evidence in docs/learning.md: spot training shortens every update,
     exploration has cut no iterations on any task measured) trains wherever the run can, and
     explores where it cannot (LoRA off, several inner epochs, a sharded trainer).
+
+    Where spot GPUs live on a Ray cluster, for whoever deploys one (deploy/kuberay declares them):
+    `resource` is the custom resource spot nodes carry and spot workers ask for, `ondemand_resource`
+    the one of on-demand GPUs, `node_label` the Kubernetes label of spot nodes. The workers of both
+    hosts ask for `spot_gpu` and `ondemand_gpu`, so those are the only values accepted so far.
     """
 
     enabled: bool = False
@@ -335,55 +313,70 @@ class SpotConfig:
     ondemand_usd_per_gpu_hour: float | None = None
     spot_usd_per_gpu_hour: float | None = None
     training_phase: Literal["train", "explore", "auto"] | None = None
+    resource: str = SPOT_RESOURCE
+    ondemand_resource: str = ONDEMAND_RESOURCE
+    node_label: str = "spotlight.io/pool=spot"
 
     def __post_init__(self) -> None:
-        _require(self.training_phase is None or self.training_phase in TRAINING_PHASES, "spot.training_phase",
-                 self.training_phase, f"must be null or one of {list(TRAINING_PHASES)}")
-        _require(self.max_workers >= 1, "spot.max_workers", self.max_workers, "must be >= 1")
-        _require(isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1, "spot.gpus_per_node",
-                 self.gpus_per_node, "must be an integer >= 1")
-        _require(math.isfinite(self.compression) and self.compression > 0, "spot.compression", self.compression,
-                 "must be a finite number > 0")
-        _require(math.isfinite(self.start_s) and self.start_s >= 0, "spot.start_s", self.start_s,
-                 "must be a finite number >= 0")
-        _require(self.notice_s is None or (math.isfinite(self.notice_s) and self.notice_s > 0), "spot.notice_s",
-                 self.notice_s, "must be null or a finite number > 0")
-        _require(self.commit_every >= 0, "spot.commit_every", self.commit_every, "must be >= 0 (0 = only on notice)")
-        _require(self.victims in ("newest_first", "seeded_random"), "spot.victims", self.victims,
-                 "must be 'newest_first' or 'seeded_random'")
-        _require(self.count_model in ("instances", "capacity"), "spot.count_model", self.count_model,
-                 "must be 'instances' or 'capacity'")
-        _require(self.zones is None or len(self.zones) > 0, "spot.zones", self.zones, "must be null (all) or non-empty")
-        _require(self.trace is None or bool(self.trace), "spot.trace", self.trace, "must be null or a path")
-        _require(self.source in ("market", "cluster"), "spot.source", self.source, "must be 'market' or 'cluster'")
+        require_literals(self, "spot")
+        require_each(self, "spot", ("max_workers", "gpus_per_node"), require_int)
+        require_int("spot.commit_every", self.commit_every, ">= 0", why="(0 = only on notice)")
+        require_number("spot.compression", self.compression)
+        require_number("spot.start_s", self.start_s, ">= 0")
+        require_number("spot.notice_s", self.notice_s, optional=True)
+        require_each(self, "spot", ("ondemand_usd_per_gpu_hour", "spot_usd_per_gpu_hour"), require_number, ">= 0",
+                     optional=True)
+        require(self.zones is None or len(self.zones) > 0, "spot.zones", self.zones, "must be null (all) or non-empty")
+        require(self.trace is None or bool(self.trace), "spot.trace", self.trace, "must be null or a path")
         if self.source == "cluster":
-            _require(self.trace is None, "spot.trace", self.trace,
-                     "must be null with spot.source=cluster (the cluster's own spot nodes are followed)")
-            _require(self.gpu_type is not None, "spot.gpu_type", self.gpu_type,
-                     "must name the GPUs with spot.source=cluster (prices for the cost ledger)")
-        for key in ("ondemand_usd_per_gpu_hour", "spot_usd_per_gpu_hour"):
-            value = getattr(self, key)
-            _require(value is None or (math.isfinite(value) and value >= 0), f"spot.{key}", value,
-                     "must be null or a finite number >= 0")
+            require(self.trace is None, "spot.trace", self.trace,
+                    "must be null with spot.source=cluster (the cluster's own spot nodes are followed)")
+            require(self.gpu_type is not None, "spot.gpu_type", self.gpu_type,
+                    "must name the GPUs with spot.source=cluster (prices for the cost ledger)")
+        require_choice("spot.resource", self.resource, (SPOT_RESOURCE,))
+        require_choice("spot.ondemand_resource", self.ondemand_resource, (ONDEMAND_RESOURCE,))
+        label_key, sep, label_value = self.node_label.partition("=")
+        require(bool(sep and label_key and label_value), "spot.node_label", self.node_label,
+                "must look like 'key=value'")
+
+    @property
+    def label(self) -> tuple[str, str]:
+        """`node_label` as (key, value)."""
+        key, _, value = self.node_label.partition("=")
+        return key, value
 
 
-@dataclass
+@dataclass(frozen=True)
 class DispatchConfig:
-    """How the Ray runtime's rollout workers lease requests from the queue (`dispatch/`).
+    """How rollout and exploration requests reach workers (`dispatch/`).
 
-    `pull_batch`: requests one pull leases (`QueueConfig.pull_batch`). A worker runs its batch
-    one request after another and reports it with its next pull, one queue call a batch instead of
-    two a request: what lets one queue actor serve a cluster (benchmarks/queue_throughput.py). 1
-    (the default) is one request a pull. Keep it at most about `rollout_batch_size` / rollout
-    workers: a worker holds the requests of its batch until it reaches them, so a larger batch
-    leaves others idle at the end of a step (a notice or a stop hands the unstarted ones back).
+    `mode`: "pull" (a shared queue that on-demand and spot workers pull from, with leases and
+    commit-on-notice) or "static" (each rollout rank gets a fixed share of the batch, as ROLL's
+    clusters do: the ROLL host's vanilla baseline; `spotlight train` always pulls). `scheduler`
+    names the queue in the ``roll_spotlight.schedulers`` group. `lease_s`, `max_attempts` and
+    `pull_batch` are the queue's own keys (`dispatch.queue.QueueConfig`, which checks them).
+
+    `pull_batch`: requests one pull leases. A worker runs its batch one request after another and
+    reports it with its next pull, one queue call a batch instead of two a request: what lets one
+    queue actor serve a cluster (benchmarks/queue_throughput.py). 1 (the default) is one request a
+    pull. Keep it at most about `rollout_batch_size` / rollout workers: a worker holds the requests
+    of its batch until it reaches them, so a larger batch leaves others idle at the end of a step
+    (a notice or a stop hands the unstarted ones back).
     """
 
-    pull_batch: int = 1
+    mode: Literal["pull", "static"] = "pull"
+    scheduler: str = "pull_queue"
+    lease_s: float = QueueConfig.lease_s
+    max_attempts: int = QueueConfig.max_attempts
+    pull_batch: int = QueueConfig.pull_batch
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.pull_batch, int) and not isinstance(self.pull_batch, bool)
-                 and self.pull_batch >= 1, "dispatch.pull_batch", self.pull_batch, "must be an integer >= 1")
+        require_literals(self, "dispatch")
+        require(bool(self.scheduler), "dispatch.scheduler", self.scheduler, "must name a scheduler")
+        self.queue_config()
+
+    def queue_config(self) -> QueueConfig:
+        return QueueConfig(lease_s=self.lease_s, max_attempts=self.max_attempts, pull_batch=self.pull_batch)
 
 
 def spot_training_blocker(cfg: "RunConfig") -> str | None:
@@ -424,24 +417,26 @@ class RunConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
-        _require(bool(self.exp_name), "exp_name", self.exp_name, "must be non-empty")
-        _require(self.max_steps >= 0, "max_steps", self.max_steps, "must be >= 0")
-        _require(self.eval_steps >= 0, "eval_steps", self.eval_steps, "must be >= 0 (0 = only at the end)")
-        _require(self.save_steps >= 0, "save_steps", self.save_steps, "must be >= 0 (0 = never)")
-        _require(self.rollout_batch_size >= 1, "rollout_batch_size", self.rollout_batch_size, "must be >= 1")
-        _require(self.track_with in TRACKERS, "track_with", self.track_with, f"must be one of {TRACKERS}")
+        require(bool(self.exp_name), "exp_name", self.exp_name, "must be non-empty")
+        require_int("max_steps", self.max_steps, ">= 0")
+        require_int("eval_steps", self.eval_steps, ">= 0", why="(0 = only at the end)")
+        require_int("save_steps", self.save_steps, ">= 0", why="(0 = never)")
+        require_int("rollout_batch_size", self.rollout_batch_size)
+        require_choice("track_with", self.track_with, TRACKERS)
         self._resolve_preset_defaults()
         if self.task.name == "prompts":
-            _require(self.model.preset != "tiny", "task.name", self.task.name,
-                     "needs a real text encoder (model.preset=qwen_image): the tiny model knows only the "
-                     "shapes task's words")
+            require(self.model.preset != "tiny", "task.name", self.task.name,
+                    "needs a real text encoder (model.preset=qwen_image): the tiny model knows only the "
+                    "shapes task's words")
             self._fill_geneval_metadata()
         if self.exploration.mode != "off":
-            _require(self.exploration.seeds_per_prompt >= self.train.group_size, "exploration.seeds_per_prompt",
-                     self.exploration.seeds_per_prompt, f"must be >= train.group_size={self.train.group_size}")
+            require(self.exploration.seeds_per_prompt >= self.train.group_size, "exploration.seeds_per_prompt",
+                    self.exploration.seeds_per_prompt, f"must be >= train.group_size={self.train.group_size}")
+        require(not self.spot.enabled or self.dispatch.mode == "pull", "dispatch.mode", self.dispatch.mode,
+                "must be 'pull' with spot.enabled (spot workers pull from the queue)")
         blocker = spot_training_blocker(self)
-        _require(not (self.spot.enabled and self.spot.training_phase == "train" and blocker), "spot.training_phase",
-                 self.spot.training_phase, f"cannot be 'train': {blocker}")
+        require(not (self.spot.enabled and self.spot.training_phase == "train" and blocker), "spot.training_phase",
+                self.spot.training_phase, f"cannot be 'train': {blocker}")
 
     def spot_trains(self) -> bool:
         """Do spot workers pull training micro-batches in this run (`spot.training_phase`; null:
@@ -465,8 +460,8 @@ class RunConfig:
             train.use_lora = preset == "qwen_image" or train.lora is not None
         train.lora = (train.lora or LoraConfig.for_preset(preset)) if train.use_lora else None
         if train.lora is not None:
-            _require(train.trainable in ("all", "transformer"), "train.trainable", train.trainable,
-                     "must be 'all' or 'transformer' with LoRA on (the adapters are in the transformer)")
+            require(train.trainable in ("all", "transformer"), "train.trainable", train.trainable,
+                    "must be 'all' or 'transformer' with LoRA on (the adapters are in the transformer)")
         if sampling.guidance_scale is None:
             sampling.guidance_scale = 4.0 if preset == "qwen_image" else 1.0
         check_guidance(sampling.guidance_scale, sampling.negative_prompt)

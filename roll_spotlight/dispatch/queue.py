@@ -47,12 +47,12 @@ import dataclasses
 import enum
 import heapq
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from roll_spotlight.config.strict import require_each, require_int, require_number
 from roll_spotlight.dispatch.requests import (
     KIND_ORDER,
     Completion,
@@ -109,16 +109,9 @@ class QueueConfig:
     max_attempts: int = 3
     pull_batch: int = 1
 
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.lease_s) and self.lease_s > 0):
-            raise ValueError(f"QueueConfig.lease_s must be finite and > 0, got {self.lease_s}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise ValueError(f"QueueConfig.max_attempts must be an int, got {self.max_attempts!r}")
-        if self.max_attempts < 1:
-            raise ValueError(f"QueueConfig.max_attempts must be >= 1, got {self.max_attempts}")
-        if isinstance(self.pull_batch, bool) or not isinstance(self.pull_batch, int) or self.pull_batch < 1:
-            raise ValueError(f"dispatch.pull_batch (QueueConfig.pull_batch) must be an integer >= 1, "
-                             f"got {self.pull_batch!r}")
+    def __post_init__(self) -> None:  # the keys are the run config's dispatch.* (config.run.DispatchConfig)
+        require_number("dispatch.lease_s", self.lease_s)
+        require_each(self, "dispatch", ("max_attempts", "pull_batch"), require_int)
 
 
 @dataclass

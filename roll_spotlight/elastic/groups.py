@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any, Iterable, Mapping
 
+from roll_spotlight.config.strict import require, require_number
 from roll_spotlight.elastic.comm import generation_prefix
 from roll_spotlight.elastic.planner import Member, Plan, SPGroup, moves, plan_groups, valid_degrees
 from roll_spotlight.elastic.transfer import TransferMethod, TransferSource, choose_method, choose_source
@@ -64,13 +65,12 @@ class ElasticGroupsConfig:
 
     def __post_init__(self) -> None:
         degrees = valid_degrees(self.num_heads, self.preferred_degree, self.num_tokens)  # raises naming both
-        if self.min_degree not in degrees:
-            raise ValueError(f"elastic.min_sp_degree={self.min_degree} must be one of the valid SP degrees "
-                             f"{sorted(degrees)} (divisors of the heads and tokens up to elastic.sp_degree)")
-        if not self.timeout_s > 0:
-            raise ValueError(f"ElasticGroupsConfig.timeout_s={self.timeout_s} must be > 0")
-        if not self.name or "/" in self.name:
-            raise ValueError(f"ElasticGroupsConfig.name={self.name!r} must be a non-empty name without '/'")
+        require(self.min_degree in degrees, f"elastic.min_sp_degree={self.min_degree}", self.min_degree,
+                f"must be one of the valid SP degrees {sorted(degrees)} (divisors of the heads and tokens up to "
+                "elastic.sp_degree)")
+        require_number("ElasticGroupsConfig.timeout_s", self.timeout_s)
+        require(bool(self.name) and "/" not in self.name, "ElasticGroupsConfig.name", self.name,
+                "must be a non-empty name without '/'")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from roll_spotlight.config.strict import require_choice
+
 __all__ = ["Rendezvous", "RendezvousHost", "is_loopback"]
 
 
@@ -45,8 +47,7 @@ class Rendezvous:
     path: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("file", "tcp"):
-            raise ValueError(f"Rendezvous.kind={self.kind!r} must be 'file' or 'tcp'")
+        require_choice("Rendezvous.kind", self.kind, ("file", "tcp"))
 
     @property
     def loopback(self) -> bool:

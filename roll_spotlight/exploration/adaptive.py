@@ -31,6 +31,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_int
+
 
 def random_subset_variance(values: Sequence[float], k: int) -> float:
     """Expected population variance of k of `values` drawn uniformly without replacement."""
@@ -118,13 +120,12 @@ class AdaptiveConfig:
     window: int = 3
     probe_every: int = 5
 
-    def __post_init__(self) -> None:
-        if self.group_size < 1 or self.seeds_per_prompt < self.group_size:
-            raise ValueError(f"AdaptiveConfig needs seeds_per_prompt >= group_size >= 1, got "
-                             f"{self.seeds_per_prompt} and {self.group_size}")
-        if self.window < 1 or self.probe_every < 0:
-            raise ValueError(f"AdaptiveConfig needs window >= 1 and probe_every >= 0, got {self.window}, "
-                             f"{self.probe_every}")
+    def __post_init__(self) -> None:  # the exploration section checked its adaptive_* keys
+        require_int("AdaptiveConfig.group_size", self.group_size)
+        require_int("AdaptiveConfig.seeds_per_prompt", self.seeds_per_prompt, f">= {self.group_size}",
+                    why="(group_size)")
+        require_int("AdaptiveConfig.window", self.window)
+        require_int("AdaptiveConfig.probe_every", self.probe_every, ">= 0")
 
     @classmethod
     def from_exploration(cls, cfg, group_size: int) -> "AdaptiveConfig":

@@ -21,13 +21,9 @@ raises ``predicted_train_s`` or ``workers``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-
-def _check_non_negative(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+from roll_spotlight.config.strict import require, require_number
 
 
 @dataclass
@@ -44,16 +40,14 @@ class SeedCostModel:
     observed: int = 0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.per_seed_s) and self.per_seed_s > 0):
-            raise ValueError(f"SeedCostModel.per_seed_s must be > 0, got {self.per_seed_s!r}")
-        if not 0 < self.ewma <= 1:
-            raise ValueError(f"SeedCostModel.ewma must be in (0, 1], got {self.ewma!r}")
+        require_number("SeedCostModel.per_seed_s", self.per_seed_s)
+        require_number("SeedCostModel.ewma", self.ewma, "(0, 1]")
 
     def predict(self, n_seeds: int) -> float:
         return n_seeds * self.per_seed_s
 
     def observe(self, duration_s: float) -> None:
-        _check_non_negative("duration_s", duration_s)
+        require_number("duration_s", duration_s, ">= 0")
         self.per_seed_s += self.ewma * (duration_s - self.per_seed_s)
         self.per_seed_s = max(self.per_seed_s, 1e-9)
         self.observed += 1
@@ -70,7 +64,7 @@ class ExplorationBudget:
     _clock_s: float = field(default=float("-inf"), init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_non_negative("predicted_train_s", self.predicted_train_s)
+        require_number("predicted_train_s", self.predicted_train_s, ">= 0")
         _check_workers(self.workers)
         self._clock_s = self.start_s
 
@@ -95,10 +89,10 @@ class ExplorationBudget:
         if now_s is not None:
             self.advance(now_s)
         if elapsed_s is not None:
-            _check_non_negative("elapsed_s", elapsed_s)
+            require_number("elapsed_s", elapsed_s, ">= 0")
             self.start_s = self._clock_s - elapsed_s
         if predicted_train_s is not None:
-            _check_non_negative("predicted_train_s", predicted_train_s)
+            require_number("predicted_train_s", predicted_train_s, ">= 0")
             self.predicted_train_s = float(predicted_train_s)
         if workers is not None:
             _check_workers(workers)
@@ -118,5 +112,5 @@ class ExplorationBudget:
 
 
 def _check_workers(workers: int) -> None:
-    if isinstance(workers, bool) or int(workers) != workers or workers < 0:
-        raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+    require(not isinstance(workers, bool) and int(workers) == workers and workers >= 0, "workers", workers,
+            "must be a whole number >= 0")

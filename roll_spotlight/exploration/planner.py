@@ -52,6 +52,7 @@ from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
+from roll_spotlight.config.strict import require, require_choice, require_each, require_int, require_number
 from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig, is_continuous
 from roll_spotlight.exploration.select import SELECTORS, get_selector
@@ -81,8 +82,8 @@ class PlannerConfig:
     ``predicted_train_s`` and ``spot_workers`` are the initial budget; ``update_budget`` revises it.
     ``per_seed_s`` is the initial cost estimate, refined online by an EWMA with weight ``cost_ewma``.
     ``mc_draws`` / ``prior_strength`` / ``max_lookahead_pulls`` tune the bandit's value estimate;
-    ``posterior`` picks its base measure (``POSTERIORS``; see ``BanditPlanner``) and the ``prior_*``
-    keys tune the ``"population"`` one (``prior.py``). ``screen_seeds`` is the size of the screening
+    ``posterior`` picks its base measure (``POSTERIORS``; see ``BanditPlanner``) and ``prior``
+    tunes the ``"population"`` one (``prior.PriorConfig``). ``screen_seeds`` is the size of the screening
     pulls (module docstring; 0: none, every pull is ``seeds_per_pull``; only with
     ``abandon_zero_variance``). ``binary_prior`` is the Beta(a, a) prior on the
     high-value rate of two-valued (pass / fail) prompts, valued in closed form (0: Monte Carlo like
@@ -110,11 +111,7 @@ class PlannerConfig:
     prior_strength: float = 1.0
     max_lookahead_pulls: int = 4
     posterior: str = "pooled"
-    prior_bins: int = 32
-    prior_bandwidth_bins: float = 1.0
-    prior_floor: float = 0.02
-    prior_tempering: float = 1.0
-    prior_donor_strength: float = 2.0
+    prior: PriorConfig = field(default_factory=PriorConfig)
     binary_prior: float = 1.0
     kind_donors: bool = True
     base_seed: int = 0
@@ -122,54 +119,20 @@ class PlannerConfig:
     abandon_share: float = 0.75
 
     def __post_init__(self) -> None:
-        _require_int(self, "group_size", 2)
-        _require_int(self, "seeds_per_pull", 1)
-        _require_int(self, "min_seeds_before_abandon", 2)
-        _require_int(self, "screen_seeds", 0)
-        _require_int(self, "spot_workers", 0)
-        _require_int(self, "mc_draws", 1)
-        _require_int(self, "max_lookahead_pulls", 1)
-        _require_int(self, "base_seed", 0)
-        _require_number(self, "binary_prior", 0.0, inclusive=True)
-        _require_int(self, "prior_bins", 2)
-        _require_number(self, "prior_bandwidth_bins", 0.0, inclusive=True)
-        _require_number(self, "prior_tempering", 0.0, inclusive=True)
-        _require_number(self, "prior_floor", 0.0, inclusive=False)
-        _require_number(self, "prior_donor_strength", 0.0, inclusive=False)
-        if self.selection not in SELECTORS:
-            raise ValueError(f"PlannerConfig.selection must be one of {sorted(SELECTORS)}, got {self.selection!r}")
-        if self.posterior not in POSTERIORS:
-            raise ValueError(f"PlannerConfig.posterior must be one of {POSTERIORS}, got {self.posterior!r}")
-        if self.prior_floor > 1:
-            raise ValueError(f"PlannerConfig.prior_floor must be in (0, 1], got {self.prior_floor!r}")
-        _require_number(self, "abandon_tolerance", 0.0, inclusive=True)
-        _require_number(self, "abandon_share", 0.0, inclusive=True)
-        if self.abandon_share > 1:
-            raise ValueError(f"PlannerConfig.abandon_share must be in [0, 1], got {self.abandon_share!r}")
-        _require_number(self, "predicted_train_s", 0.0, inclusive=True)
-        _require_number(self, "per_seed_s", 0.0, inclusive=False)
-        _require_number(self, "prior_strength", 0.0, inclusive=False)
-        _require_number(self, "cost_ewma", 0.0, inclusive=False)
-        if self.cost_ewma > 1:
-            raise ValueError(f"PlannerConfig.cost_ewma must be in (0, 1], got {self.cost_ewma!r}")
-        for key in ("abandon_zero_variance", "replace_abandoned", "kind_donors"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"PlannerConfig.{key} must be a bool, got {getattr(self, key)!r}")
-
-
-def _require_int(cfg: PlannerConfig, key: str, minimum: int) -> None:
-    value = getattr(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"PlannerConfig.{key} must be an integer >= {minimum}, got {value!r}")
-
-
-def _require_number(cfg: PlannerConfig, key: str, minimum: float, inclusive: bool) -> None:
-    value = getattr(cfg, key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= minimum if inclusive else value > minimum)
-    if not ok:
-        op = ">=" if inclusive else ">"
-        raise ValueError(f"PlannerConfig.{key} must be a finite number {op} {minimum}, got {value!r}")
+        key = "PlannerConfig"
+        require_int("PlannerConfig.group_size", self.group_size, ">= 2")
+        require_int("PlannerConfig.min_seeds_before_abandon", self.min_seeds_before_abandon, ">= 2")
+        require_each(self, key, ("seeds_per_pull", "mc_draws", "max_lookahead_pulls"), require_int)
+        require_each(self, key, ("screen_seeds", "spot_workers", "base_seed"), require_int, ">= 0")
+        require_each(self, key, ("binary_prior", "abandon_tolerance", "predicted_train_s"), require_number, ">= 0")
+        require_each(self, key, ("per_seed_s", "prior_strength"), require_number)
+        require_number("PlannerConfig.cost_ewma", self.cost_ewma, "(0, 1]")
+        require_number("PlannerConfig.abandon_share", self.abandon_share, "[0, 1]")
+        require_choice("PlannerConfig.selection", self.selection, sorted(SELECTORS))
+        require_choice("PlannerConfig.posterior", self.posterior, POSTERIORS)
+        for name in ("abandon_zero_variance", "replace_abandoned", "kind_donors"):
+            require(isinstance(getattr(self, name), bool), f"PlannerConfig.{name}", getattr(self, name),
+                    "must be true or false")
 
 
 @dataclass(frozen=True)
@@ -626,7 +589,7 @@ class BanditPlanner(ExplorationPlanner):
                  reserve: Sequence[PromptId] = (), start_s: float = 0.0) -> None:
         super().__init__(config, prompt_ids, reserve, start_s)
         self._donors = DonorPool()
-        self._prior = PopulationPrior(_prior_config(config)) if config.posterior == "population" else None
+        self._prior = PopulationPrior(config.prior) if config.posterior == "population" else None
         self._row_of: dict[PromptId, int] = {}
         self._uniforms = np.empty((0, 4, config.mc_draws))
 
@@ -714,12 +677,6 @@ def _two_values(sorted_values: list[float]) -> tuple[float, float] | None:
         return None
     i = bisect.bisect_right(sorted_values, lo)
     return (lo, hi) if sorted_values[i] == hi else None
-
-
-def _prior_config(config: PlannerConfig) -> PriorConfig:
-    return PriorConfig(bins=config.prior_bins, bandwidth_bins=config.prior_bandwidth_bins,
-                       floor=config.prior_floor, tempering=config.prior_tempering,
-                       donor_strength=config.prior_donor_strength)
 
 
 class UniformPlanner(ExplorationPlanner):

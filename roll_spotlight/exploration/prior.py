@@ -40,10 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_each, require_int, require_number
+
 
 @dataclass(frozen=True)
 class PriorConfig:
-    """Settings of the population prior (validated by ``PlannerConfig``, which owns them)."""
+    """Settings of the population prior (``PlannerConfig.prior``)."""
 
     bins: int = 32
     bandwidth_bins: float = 1.0
@@ -51,6 +53,12 @@ class PriorConfig:
     tempering: float = 1.0
     range_margin: float = 0.1
     donor_strength: float = 2.0
+
+    def __post_init__(self) -> None:
+        require_int("PlannerConfig.prior.bins", self.bins, ">= 2")
+        require_each(self, "PlannerConfig.prior", ("bandwidth_bins", "tempering"), require_number, ">= 0")
+        require_number("PlannerConfig.prior.floor", self.floor, "(0, 1]")
+        require_number("PlannerConfig.prior.donor_strength", self.donor_strength)
 
 
 class DonorPool:

@@ -27,6 +27,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_choice, require_int, require_number
+
 logger = logging.getLogger(__name__)
 
 FALLBACKS = ("fresh", "random")
@@ -122,14 +124,10 @@ class RankMonitorConfig:
     statistic: str = "spearman"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.threshold, (int, float)) and -1.0 <= self.threshold <= 1.0):
-            raise ValueError(f"RankMonitorConfig.threshold must be in [-1, 1], got {self.threshold!r}")
-        if self.fallback not in FALLBACKS:
-            raise ValueError(f"RankMonitorConfig.fallback must be one of {FALLBACKS}, got {self.fallback!r}")
-        if isinstance(self.min_pairs, bool) or not isinstance(self.min_pairs, int) or self.min_pairs < 2:
-            raise ValueError(f"RankMonitorConfig.min_pairs must be an integer >= 2, got {self.min_pairs!r}")
-        if self.statistic not in STATISTICS:
-            raise ValueError(f"RankMonitorConfig.statistic must be one of {STATISTICS}, got {self.statistic!r}")
+        require_number("RankMonitorConfig.threshold", self.threshold, "[-1, 1]")
+        require_choice("RankMonitorConfig.fallback", self.fallback, FALLBACKS)
+        require_int("RankMonitorConfig.min_pairs", self.min_pairs, ">= 2")
+        require_choice("RankMonitorConfig.statistic", self.statistic, STATISTICS)
 
 
 class RankMonitor:

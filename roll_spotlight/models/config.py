@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roll_spotlight.config.strict import require, require_choice, require_each, require_int, require_number
+
 PRESETS = ("tiny", "qwen_image")
 DTYPES = ("float32", "bfloat16")
 PREDICTIONS = ("velocity", "sample")
@@ -66,46 +68,28 @@ class ModelConfig:
         self._validate_image_size()
 
     def _validate_memory(self) -> None:
-        if not isinstance(self.attention_backend, str) or not self.attention_backend:
-            raise ValueError(f"model.attention_backend must be a backend name, got {self.attention_backend!r}")
-        if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
-            raise ValueError(f"model.gpu_memory_gb must be > 0 (or null), got {self.gpu_memory_gb!r}")
+        require(isinstance(self.attention_backend, str) and bool(self.attention_backend), "model.attention_backend",
+                self.attention_backend, "must be a backend name")
+        require_number("model.gpu_memory_gb", self.gpu_memory_gb, optional=True)
 
     def _validate_choices(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"model.preset must be one of {PRESETS}, got {self.preset!r}")
+        require_choice("model.preset", self.preset, PRESETS)
         if self.prediction is None:
             self.prediction = "sample" if self.preset == "tiny" else "velocity"
-        if self.prediction not in PREDICTIONS:
-            raise ValueError(f"model.prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
-        if self.preset == "qwen_image" and self.prediction != "velocity":
-            raise ValueError("model.prediction must be 'velocity' for preset 'qwen_image' (the checkpoint predicts velocity)")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.preset == "qwen_image" and not self.path:
-            raise ValueError(
-                f"model.path must name a local diffusers pipeline directory for preset 'qwen_image', got {self.path!r}"
-            )
+        require_choice("model.prediction", self.prediction, PREDICTIONS)
+        require(self.preset == "tiny" or self.prediction == "velocity", "model.prediction", self.prediction,
+                "must be 'velocity' for preset 'qwen_image' (the checkpoint predicts velocity)")
+        require_choice("model.dtype", self.dtype, DTYPES)
+        require(self.preset == "tiny" or bool(self.path), "model.path", self.path,
+                "must name a local diffusers pipeline directory for preset 'qwen_image'")
 
     def _validate_positive(self) -> None:
-        for key in ("image_size", "num_layers", "num_attention_heads", "attention_head_dim",
-                    "joint_attention_dim", "max_sequence_length"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"model.{key} must be a positive int, got {value!r}")
-        if isinstance(self.prompt_cache_size, bool) or not isinstance(self.prompt_cache_size, int) \
-                or self.prompt_cache_size < 0:
-            raise ValueError(f"model.prompt_cache_size must be an int >= 0 (0: no cache), got {self.prompt_cache_size!r}")
-        if self.prompt_encoder_layers < 0:
-            raise ValueError(f"model.prompt_encoder_layers must be >= 0, got {self.prompt_encoder_layers!r}")
-        if self.max_prompt_tokens < 2:
-            raise ValueError(
-                f"model.max_prompt_tokens must be >= 2 (one start token plus words), got {self.max_prompt_tokens!r}"
-            )
-        if self.max_sequence_length > 1024:
-            raise ValueError(
-                f"model.max_sequence_length must be <= 1024 (Qwen-Image limit), got {self.max_sequence_length}"
-            )
+        require_each(self, "model", ("image_size", "num_layers", "num_attention_heads", "attention_head_dim",
+                                     "joint_attention_dim"), require_int)
+        require_int("model.max_sequence_length", self.max_sequence_length, "[1, 1024]", why="(Qwen-Image's limit)")
+        require_int("model.prompt_cache_size", self.prompt_cache_size, ">= 0", why="(0: no cache)")
+        require_int("model.prompt_encoder_layers", self.prompt_encoder_layers, ">= 0")
+        require_int("model.max_prompt_tokens", self.max_prompt_tokens, ">= 2", why="(one start token plus words)")
 
     def _validate_tiny_architecture(self) -> None:
         if len(self.axes_dims_rope) != 3:

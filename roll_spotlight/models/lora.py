@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from roll_spotlight.config.strict import require, require_choice, require_int, require_number
+
 #: flow_grpo's Qwen-Image target modules (names relative to a `QwenImageTransformerBlock`).
 QWEN_IMAGE_TARGET_MODULES: tuple[str, ...] = (
     "attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0",
@@ -48,19 +50,14 @@ class LoraConfig:
         if isinstance(self.target_modules, str):
             self.target_modules = (self.target_modules,)
         self.target_modules = tuple(str(t) for t in self.target_modules)
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
-            raise ValueError(f"train.lora.rank must be a positive int, got {self.rank!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
-            raise ValueError(f"train.lora.alpha must be a positive number, got {self.alpha!r}")
-        self.alpha = float(self.alpha)
-        if not self.target_modules or any(not t for t in self.target_modules):
-            raise ValueError(f"train.lora.target_modules must be a non-empty list of module names, "
-                             f"got {list(self.target_modules)!r} (Qwen-Image: {list(QWEN_IMAGE_TARGET_MODULES)})")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"train.lora.dropout must be in [0, 1), got {self.dropout!r}")
-        self.dropout = float(self.dropout)
-        if self.init not in LORA_INITS:
-            raise ValueError(f"train.lora.init must be one of {LORA_INITS}, got {self.init!r}")
+        require_int("train.lora.rank", self.rank)
+        require_number("train.lora.alpha", self.alpha)
+        require(bool(self.target_modules) and all(self.target_modules), "train.lora.target_modules",
+                list(self.target_modules), f"must be a non-empty list of module names (Qwen-Image: "
+                f"{list(QWEN_IMAGE_TARGET_MODULES)})")
+        require_number("train.lora.dropout", self.dropout, "[0, 1)")
+        require_choice("train.lora.init", self.init, LORA_INITS)
+        self.alpha, self.dropout = float(self.alpha), float(self.dropout)
 
     @property
     def scaling(self) -> float:

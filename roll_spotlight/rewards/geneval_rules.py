@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_each, require_int, require_number
 from roll_spotlight.tasks.prompt_files import GENEVAL_CLASSES
 
 
@@ -53,13 +54,10 @@ class GenevalRules:
     position_threshold: float = 0.1
 
     def __post_init__(self) -> None:
-        for key in ("threshold", "counting_threshold", "max_overlap"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ValueError(f"reward_fn.kwargs.{key}={getattr(self, key)!r} must be in [0, 1]")
-        if self.max_objects < 1:
-            raise ValueError(f"reward_fn.kwargs.max_objects={self.max_objects!r} must be >= 1")
-        if self.position_threshold < 0:
-            raise ValueError(f"reward_fn.kwargs.position_threshold={self.position_threshold!r} must be >= 0")
+        key = "reward_fn.kwargs"
+        require_each(self, key, ("threshold", "counting_threshold", "max_overlap"), require_number, "[0, 1]")
+        require_int("reward_fn.kwargs.max_objects", self.max_objects)
+        require_number("reward_fn.kwargs.position_threshold", self.position_threshold, ">= 0")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_choice, require_number
 from roll_spotlight.rewards.base import Reward, RewardOutput
 from roll_spotlight.tasks.shapes.detect import DetectorConfig, score
 from roll_spotlight.tasks.shapes.prompts import parse_prompt
@@ -26,10 +27,8 @@ class ShapesRewardConfig:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
     def __post_init__(self) -> None:
-        if self.mode not in SHAPES_REWARD_MODES:
-            raise ValueError(f"ShapesReward.mode={self.mode!r} is not one of {SHAPES_REWARD_MODES}")
-        if not 0.0 <= self.strict_weight <= 1.0:
-            raise ValueError(f"ShapesReward.strict_weight={self.strict_weight!r} must be in [0, 1]")
+        require_choice("ShapesReward.mode", self.mode, SHAPES_REWARD_MODES)
+        require_number("ShapesReward.strict_weight", self.strict_weight, "[0, 1]")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -54,6 +54,11 @@ PIPELINE_CLS = "roll_spotlight.roll.pipeline.SpotlightPipeline"
 Section = Union[Dict[str, Any], Any]  # a mapping from YAML, the parsed dataclass after __post_init__
 
 
+def _section(help: str) -> Any:
+    """A Spotlight section as ROLL's dacite sees it: a mapping, parsed in ``__post_init__``."""
+    return field(default_factory=dict, metadata={"help": help})
+
+
 @dataclass
 class SpotlightConfig(BaseConfig):
     """A ROLL pipeline config for Spotlight's Flow-GRPO (roles, DiT sections, Spotlight sections)."""
@@ -75,18 +80,16 @@ class SpotlightConfig(BaseConfig):
                                       metadata={"help": "on-demand DiT rollout (no strategy_args: ROLL asserts vLLM)"})
     reward: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "reward scoring workers"})
 
-    model: Section = field(default_factory=dict, metadata={"help": "roll_spotlight ModelConfig"})
-    base_pretrain: Section = field(default_factory=dict,
-                                   metadata={"help": "PretrainConfig: how the tiny base is pretrained"})
-    task: Section = field(default_factory=dict, metadata={"help": "TaskConfig (prompt source)"})
-    sampling: Section = field(default_factory=dict, metadata={"help": "SamplingConfig (rollout schedule)"})
-    train: Section = field(default_factory=dict, metadata={"help": "GRPOConfig (Flow-GRPO knobs)"})
-    reward_fn: Section = field(default_factory=dict, metadata={"help": "RewardConfig (what `reward` computes)"})
-    exploration: Section = field(default_factory=dict,
-                                 metadata={"help": "ExplorationConfig (the standalone host's section)"})
-    spot: Section = field(default_factory=dict, metadata={"help": "SpotConfig (spot pool, traces)"})
-    elastic: Section = field(default_factory=dict, metadata={"help": "ElasticConfig (elastic SP)"})
-    dispatch: Section = field(default_factory=dict, metadata={"help": "DispatchConfig (request scheduling)"})
+    model: Section = _section("ModelConfig (which DiT)")
+    base_pretrain: Section = _section("PretrainConfig: how the tiny base is pretrained")
+    task: Section = _section("TaskConfig (prompt source)")
+    sampling: Section = _section("SamplingConfig (rollout schedule)")
+    train: Section = _section("GRPOConfig (Flow-GRPO knobs)")
+    reward_fn: Section = _section("RewardConfig (what `reward` computes)")
+    exploration: Section = _section("ExplorationConfig")
+    spot: Section = _section("SpotConfig (spot pool, traces)")
+    elastic: Section = _section("ElasticConfig (elastic SP; the ROLL host's own section)")
+    dispatch: Section = _section("DispatchConfig (request scheduling)")
 
     def __post_init__(self) -> None:
         check_recipe_keys({"actor_infer": {"strategy_args": self.actor_infer.strategy_args}}, source=self.source)

@@ -28,7 +28,7 @@ from roll_spotlight import plugins
 from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.roll.config import SpotlightConfig
 from roll_spotlight.roll.environment import check_environment
-from roll_spotlight.roll.sections import SPOT_RESOURCE
+from roll_spotlight.config.run import SPOT_RESOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -143,13 +143,10 @@ class SpotlightPipeline(BasePipeline):
         source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
         elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
                                min_degree=cfg.elastic.min_sp_degree)
-        return start_training_pool(cfg.spot.run_config(), source, queue, self.store, ondemand_gpus=ondemand,
+        return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=ondemand,
                                    elastic=elastic, inbox=self.inbox)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
-        if cfg.spot.resource != SPOT_RESOURCE:
-            raise ValueError(f"spot.resource={cfg.spot.resource!r}: the spot pool's workers ask Ray for "
-                             f"{SPOT_RESOURCE!r} so far")
         if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT_RESOURCE!r}, which this cluster lacks "
                              "(spot nodes declare it; see deploy/kuberay)")

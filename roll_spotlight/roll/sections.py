@@ -10,13 +10,13 @@ A ROLL recipe for Spotlight has three kinds of keys:
   ``strategy_args``: ROLL's ``BaseConfig`` asserts that a set ``actor_infer.strategy_args`` names
   vLLM or SGLang, so the DiT rollout strategy is chosen in code (`ROLE_DEFAULTS`). The spot
   workers are not a ROLL role: they live in the runtime's elastic pool (ROLL clusters never grow);
-- the sections of our run config (``model``, ``task``, ``sampling``, ``train``, ``exploration``:
-  `roll_spotlight.config.run`'s classes, so every key means what it means in the standalone
-  ``spotlight train`` YAML). Two are renamed where ROLL already uses the name: the tiny base's
-  pretraining section is ``base_pretrain`` (``pretrain`` is ROLL's model path) and the reward
-  section is ``reward_fn`` (``reward`` is ROLL's role). The Spotlight sections below (``spot``,
-  ``elastic``, ``dispatch``) extend the standalone ``spot`` section and the queue's
-  ``QueueConfig`` with ROLL-only keys.
+- the sections of our run config (``model``, ``task``, ``sampling``, ``train``, ``exploration``,
+  ``spot``, ``dispatch``: `roll_spotlight.config.run`'s classes, so every key means what it means
+  in the standalone ``spotlight train`` YAML). Two are renamed where ROLL already uses the name:
+  the tiny base's pretraining section is ``base_pretrain`` (``pretrain`` is ROLL's model path) and
+  the reward section is ``reward_fn`` (``reward`` is ROLL's role). One section is the ROLL host's
+  own: ``elastic`` (`ElasticConfig`, the SP degree of ``actor_infer``'s rollout groups; the
+  standalone host takes it from ``--sp-degree``). `run_config` maps a recipe onto `RunConfig`.
 
 The sections are parsed by our strict loader (`roll_spotlight.config.strict.from_dict`), never by
 dacite: ROLL's dacite call drops unknown keys silently, so a typo such as ``spot.max_wrokers`` would
@@ -31,25 +31,22 @@ keys a vanilla twin of a recipe changes; ``elastic.sp_degree`` is the same in bo
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
-from roll_spotlight.config.strict import ConfigError, from_dict
-from roll_spotlight.dispatch.queue import QueueConfig
-from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.config.run import (
+    DispatchConfig,
     ExplorationConfig,
     GRPOConfig,
     PretrainConfig,
     RewardConfig,
     RunConfig,
     SamplingConfig,
+    SpotConfig,
     TaskConfig,
 )
-from roll_spotlight.config.run import SpotConfig as RunSpotConfig
-
-SPOT_RESOURCE = "spot_gpu"  # what the runtime's spot workers ask Ray for (runtime.spot_pool)
+from roll_spotlight.config.strict import ConfigError, from_dict, require, require_each, require_int, require_number
+from roll_spotlight.models.config import ModelConfig
 
 ROLE_NAMES = ("actor_train", "actor_infer", "reward")
 # What each role runs when the recipe does not say: (worker class, strategy in roll_spotlight.strategies)
@@ -64,53 +61,6 @@ RENAMED = {"trainer": "actor_train", "rollout": "actor_infer",
 ROLL_INFER_STRATEGIES = ("vllm", "sglang")  # what ROLL's BaseConfig asserts for actor_infer.strategy_args
 COMPONENT_KEYS = ("exploration", "spot", "elastic", "dispatch")
 ROLL_TRACKERS_WE_MIRROR = {"tensorboard": "tensorboard"}  # any other ROLL tracker: we write jsonl
-
-
-def _check(cond: bool, key: str, value: Any, rule: str) -> None:
-    if not cond:
-        raise ValueError(f"{key} {rule}, got {value!r}")
-
-
-def _positive_int(key: str, value: Any, minimum: int = 1) -> None:
-    _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-           key, value, f"must be an integer >= {minimum}")
-
-
-def _base(config: Any, base: type) -> Any:
-    """The base-class config inside a section that extends it (same key names, same meaning)."""
-    return base(**{f.name: getattr(config, f.name) for f in dataclasses.fields(base)})
-
-
-@dataclass
-class RollSpotConfig(RunSpotConfig):
-    """The standalone host's ``spot`` section (`roll_spotlight.config.run.SpotConfig`: the
-    market, ``max_workers``, ``commit_every``, prices, ...) plus where spot GPUs live on a ROLL
-    cluster: the Ray resource spot workers ask for, the one on-demand GPUs carry, and the node
-    label of spot nodes (deploy/kuberay). Every inherited key means what it means there.
-    """
-
-    resource: str = SPOT_RESOURCE
-    ondemand_resource: str = "ondemand_gpu"
-    node_label: str = "spotlight.io/pool=spot"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for key in ("resource", "ondemand_resource"):
-            _check(bool(getattr(self, key)), f"spot.{key}", getattr(self, key), "must be a Ray resource name")
-        _check(self.resource != self.ondemand_resource, "spot.resource", self.resource,
-               "must differ from spot.ondemand_resource")
-        label_key, sep, label_value = self.node_label.partition("=")
-        _check(bool(sep and label_key and label_value), "spot.node_label", self.node_label,
-               "must look like 'key=value'")
-
-    @property
-    def label(self) -> tuple[str, str]:
-        key, _, value = self.node_label.partition("=")
-        return key, value
-
-    def run_config(self) -> RunSpotConfig:
-        """The standalone section inside this one (what the runtime's spot pool reads)."""
-        return _base(self, RunSpotConfig)
 
 
 @dataclass
@@ -134,13 +84,10 @@ class ElasticConfig:
     group_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _positive_int("elastic.sp_degree", self.sp_degree)
-        _positive_int("elastic.min_sp_degree", self.min_sp_degree)
-        _check(self.min_sp_degree <= self.sp_degree and self.sp_degree % self.min_sp_degree == 0,
-               "elastic.min_sp_degree", self.min_sp_degree, f"must divide elastic.sp_degree={self.sp_degree}")
-        for key in ("group_timeout_s",):
-            value = getattr(self, key)
-            _check(math.isfinite(value) and value > 0, f"elastic.{key}", value, "must be a finite number > 0")
+        require_each(self, "elastic", ("sp_degree", "min_sp_degree"), require_int)
+        require(self.min_sp_degree <= self.sp_degree and self.sp_degree % self.min_sp_degree == 0,
+                "elastic.min_sp_degree", self.min_sp_degree, f"must divide elastic.sp_degree={self.sp_degree}")
+        require_number("elastic.group_timeout_s", self.group_timeout_s)
 
     def rollout_summary(self) -> str | None:
         """How rollouts run under this section (None at SP 1), logged at start-up."""
@@ -149,28 +96,6 @@ class ElasticConfig:
         return (f"elastic.sp_degree={self.sp_degree}: rollouts run in SP groups of {self.sp_degree} "
                 f"consecutive actor_infer ranks; spot workers (spot.gpus_per_node per node) form elastic SP groups "
                 f"of up to {self.sp_degree} that re-form after a preemption")
-
-
-@dataclass(frozen=True)
-class DispatchConfig(QueueConfig):
-    """How rollout and exploration requests reach workers.
-
-    ``pull``: a shared queue that the on-demand rollout ranks and the spot workers pull from, with
-    leases and commit-on-notice; ``lease_s`` and ``max_attempts`` are the queue's own keys
-    (`roll_spotlight.dispatch.queue.QueueConfig`, inherited). ``scheduler`` names the queue in the
-    ``roll_spotlight.schedulers`` group (the queue actor hosts a ``RequestQueue``). ``static``:
-    each rollout rank gets a fixed share of the batch, as ROLL's clusters do (the vanilla baseline).
-    """
-
-    mode: Literal["pull", "static"] = "pull"
-    scheduler: str = "pull_queue"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(bool(self.scheduler), "dispatch.scheduler", self.scheduler, "must name a scheduler")
-
-    def queue_config(self) -> QueueConfig:
-        return _base(self, QueueConfig)
 
 
 @dataclass
@@ -184,7 +109,7 @@ class SpotlightSections:
     train: GRPOConfig = field(default_factory=GRPOConfig)
     reward_fn: RewardConfig = field(default_factory=RewardConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
-    spot: RollSpotConfig = field(default_factory=RollSpotConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
@@ -195,9 +120,6 @@ class SpotlightSections:
         if self.spot.enabled and self.elastic.sp_degree > 1:
             check_spot_placement(self.spot.gpus_per_node, self.elastic.sp_degree, self.spot.max_workers,
                                  degree_key="elastic.sp_degree")
-        if self.spot.enabled and self.dispatch.mode != "pull":
-            raise ValueError(f"spot.enabled needs dispatch.mode=pull (spot workers pull from the queue), "
-                             f"got dispatch.mode={self.dispatch.mode!r}")
 
 
 SECTION_KEYS = tuple(f.name for f in dataclasses.fields(SpotlightSections))
@@ -286,7 +208,7 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections, trainer_rank
         values["track_with"] = ROLL_TRACKERS_WE_MIRROR.get(values["track_with"], "jsonl")
     cfg = RunConfig(**values, model=sections.model, pretrain=sections.base_pretrain, task=sections.task,
                     reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
-                    exploration=sections.exploration, spot=sections.spot.run_config())
+                    exploration=sections.exploration, spot=sections.spot, dispatch=sections.dispatch)
     return one_rank_spot_training(cfg, trainer_ranks)[0]
 
 

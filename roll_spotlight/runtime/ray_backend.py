@@ -29,12 +29,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import ray
 
+from roll_spotlight.config.cluster import RayClusterConfig
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
@@ -48,51 +48,14 @@ log = logging.getLogger(__name__)
 SPOT_MAX_ATTEMPTS = 1_000_000  # kills are the market's doing, not the request's: never give up on one
 
 
-@dataclass
-class RayClusterConfig:
-    """How the standalone host uses Ray. Counts are simulated GPUs (custom resources)."""
-
-    address: str | None = None
-    num_cpus: int = 2
-    ondemand_workers: int = 2
-    spot_workers: int = 0
-    threads_per_actor: int = 1
-    # the trainer's torch threads; None: every CPU of the cluster config unless stale exploration
-    # runs beside training (then threads_per_actor). Without it the rollout workers idle while the
-    # trainer steps, so one thread would leave the other cores unused.
-    trainer_threads: int | None = None
-    poll_s: float = 0.01
-    spot_pool_slots: int = 0  # extra spot_gpu units for the elastic spot pool's workers
-    sp_degree: int = 1  # rollout workers per SP group (runtime.sp_group); 1: one image per worker
-    sp_timeout_s: float = 60.0  # an SP group's collectives wait this long for a silent member
-
-    def __post_init__(self) -> None:
-        if self.ondemand_workers + self.spot_workers < 1:
-            raise ValueError("runtime.ondemand_workers + runtime.spot_workers must be >= 1")
-        if self.sp_degree < 1 or self.ondemand_workers % self.sp_degree or self.spot_workers % self.sp_degree:
-            raise ValueError(f"runtime.sp_degree={self.sp_degree} must be >= 1 and divide runtime.ondemand_workers="
-                             f"{self.ondemand_workers} and runtime.spot_workers={self.spot_workers}")
-        if self.num_cpus < 1:
-            raise ValueError(f"runtime.num_cpus must be >= 1, got {self.num_cpus}")
-        if self.trainer_threads is not None and self.trainer_threads < 1:
-            raise ValueError(f"runtime.trainer_threads must be >= 1 or None, got {self.trainer_threads}")
-
-    def trainer_threads_for(self, exploration_mode: str) -> int:
-        if self.trainer_threads is not None:
-            return self.trainer_threads
-        return self.threads_per_actor if exploration_mode == "stale" else max(self.threads_per_actor, self.num_cpus)
-
-
 QUEUE_JOURNAL = "queue"  # <run_dir>/queue.state and <run_dir>/queue.log
 
 
 def queue_config(cfg: RunConfig):
-    """The run's queue: ``dispatch.pull_batch`` requests a pull, and with spot on no request is
-    given up for its kills (``SPOT_MAX_ATTEMPTS``)."""
-    from roll_spotlight.dispatch.queue import QueueConfig
-
+    """The run's queue: the ``dispatch`` section's keys, and with spot on no request is given up
+    for its kills (``SPOT_MAX_ATTEMPTS``)."""
     attempts = {"max_attempts": SPOT_MAX_ATTEMPTS} if cfg.spot.enabled else {}
-    return QueueConfig(pull_batch=cfg.dispatch.pull_batch, **attempts)
+    return dataclasses.replace(cfg.dispatch.queue_config(), **attempts)
 
 
 def fresh_queue_journal(run_dir: str | Path) -> Path:

@@ -65,6 +65,7 @@ from typing import Iterator
 
 import numpy as np
 
+from roll_spotlight.config.strict import require, require_choice, require_int, require_number
 from roll_spotlight.spot.traces import CountSeries, EventList, Trace
 
 NOTICE_S_BY_PROVIDER = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
@@ -100,22 +101,15 @@ class MarketConfig:
     zones: tuple[str, ...] | None = None  # None: every zone of the trace
 
     def __post_init__(self) -> None:
-        if self.notice_s is not None and not self.notice_s >= 0:
-            raise ValueError(f"notice_s={self.notice_s!r} must be >= 0")
-        if self.victims not in VICTIM_RULES:
-            raise ValueError(f"victims={self.victims!r} is not one of {list(VICTIM_RULES)}")
-        if self.count_model not in COUNT_MODELS:
-            raise ValueError(f"count_model={self.count_model!r} is not one of {list(COUNT_MODELS)}")
-        if not (self.compression > 0 and math.isfinite(self.compression)):
-            raise ValueError(f"compression={self.compression!r} must be a finite number > 0")
-        if not self.start_s >= 0:
-            raise ValueError(f"start_s={self.start_s!r} must be >= 0")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"duration_s={self.duration_s!r} must be > 0")
-        if self.cap_nodes is not None and self.cap_nodes < 1:
-            raise ValueError(f"cap_nodes={self.cap_nodes!r} must be >= 1")
-        if self.zones is not None and not self.zones:
-            raise ValueError("zones=() selects nothing; use None for every zone")
+        require_number("MarketConfig.notice_s", self.notice_s, ">= 0", optional=True)
+        require_choice("MarketConfig.victims", self.victims, VICTIM_RULES)
+        require_choice("MarketConfig.count_model", self.count_model, COUNT_MODELS)
+        require_number("MarketConfig.compression", self.compression)
+        require_number("MarketConfig.start_s", self.start_s, ">= 0")
+        require_number("MarketConfig.duration_s", self.duration_s, optional=True)
+        require_int("MarketConfig.cap_nodes", self.cap_nodes, optional=True)
+        require(self.zones is None or len(self.zones) > 0, "MarketConfig.zones", self.zones,
+                "selects nothing; use None for every zone")
 
 
 @dataclass(frozen=True)

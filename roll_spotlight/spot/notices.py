@@ -32,11 +32,12 @@ Lifecycle of an agent (the shell loops over it)::
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
+
+from roll_spotlight.config.strict import require_number
 
 PROVIDERS = ("aws", "gcp", "azure", "k8s")
 AWS_ACTIONS = frozenset({"stop", "terminate", "hibernate"})
@@ -99,9 +100,7 @@ class ProviderConfig:
 
     def __post_init__(self) -> None:
         for key in ("poll_s", "timeout_s", "notice_s", "grace_s"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"--{key.replace('_', '-')} must be a finite number > 0, got {value!r}")
+            require_number(f"--{key.replace('_', '-')}", getattr(self, key))
 
 
 def parse_utc(text: str) -> float:

@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from roll_spotlight.config.strict import require, require_each, require_int, require_number
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind, MarketEvent, SpotMarket
 
@@ -67,16 +67,10 @@ class SpotPoolConfig:
     gpus_per_node: int = 1
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.min_notice_s) and self.min_notice_s >= 0):
-            raise ValueError(f"spot_pool.min_notice_s must be finite and >= 0, got {self.min_notice_s!r}")
-        if not (math.isfinite(self.unknown_notice_s) and self.unknown_notice_s > 0):
-            raise ValueError(f"spot_pool.unknown_notice_s must be finite and > 0, got {self.unknown_notice_s!r}")
-        if not (math.isfinite(self.bill_scale) and self.bill_scale > 0):
-            raise ValueError(f"spot_pool.bill_scale must be finite and > 0, got {self.bill_scale!r}")
-        if not self.name_prefix:
-            raise ValueError("spot_pool.name_prefix must be a non-empty string")
-        if self.gpus_per_node < 1:
-            raise ValueError(f"spot.gpus_per_node must be >= 1, got {self.gpus_per_node!r}")
+        require_number("spot_pool.min_notice_s", self.min_notice_s, ">= 0")
+        require_each(self, "spot_pool", ("unknown_notice_s", "bill_scale"), require_number)
+        require(bool(self.name_prefix), "spot_pool.name_prefix", self.name_prefix, "must be a non-empty string")
+        require_int("spot.gpus_per_node", self.gpus_per_node)
 
 
 class NodeState(enum.Enum):

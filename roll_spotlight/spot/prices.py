@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from roll_spotlight.config.strict import require, require_number
 from roll_spotlight.spot.traces import Trace, TraceFormatError
 
 POOL_KINDS = ("ondemand", "spot")
@@ -36,10 +37,8 @@ class Price:
     source: str
 
     def __post_init__(self) -> None:
-        if not self.usd_per_gpu_hour >= 0:
-            raise ValueError(f"usd_per_gpu_hour={self.usd_per_gpu_hour!r} must be >= 0")
-        if not self.source.strip():
-            raise ValueError("source must name where the price comes from")
+        require_number("Price.usd_per_gpu_hour", self.usd_per_gpu_hour, ">= 0")
+        require(bool(self.source.strip()), "Price.source", self.source, "must name where the price comes from")
 
 
 def split_pool(pool: str) -> tuple[str, str | None]:

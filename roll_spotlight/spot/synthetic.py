@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from roll_spotlight.config.strict import require_choice, require_each, require_int, require_number
 from roll_spotlight.spot.traces import PROVIDERS, EventList, NodeEvent, Trace
 
 logger = logging.getLogger(__name__)
@@ -59,19 +60,13 @@ class SyntheticTraceConfig:
     zone: str = "synthetic"
 
     def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise ValueError(f"nodes={self.nodes!r} must be >= 1")
-        for key in ("mtbp_s", "span_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key}={getattr(self, key)!r} must be > 0")
-        if not self.mean_batch >= 1:
-            raise ValueError(f"mean_batch={self.mean_batch!r} must be >= 1")
-        if not self.replace_delay_s >= 0:
-            raise ValueError(f"replace_delay_s={self.replace_delay_s!r} must be >= 0")
-        if self.provider not in PROVIDERS:
-            raise ValueError(f"provider={self.provider!r} is not one of {list(PROVIDERS)}")
-        if self.batch_dist not in BATCH_DISTRIBUTIONS:
-            raise ValueError(f"batch_dist={self.batch_dist!r} is not one of {list(BATCH_DISTRIBUTIONS)}")
+        key = "SyntheticTraceConfig"
+        require_int("SyntheticTraceConfig.nodes", self.nodes)
+        require_each(self, key, ("mtbp_s", "span_s"), require_number)
+        require_number("SyntheticTraceConfig.mean_batch", self.mean_batch, ">= 1")
+        require_number("SyntheticTraceConfig.replace_delay_s", self.replace_delay_s, ">= 0")
+        require_choice("SyntheticTraceConfig.provider", self.provider, PROVIDERS)
+        require_choice("SyntheticTraceConfig.batch_dist", self.batch_dist, BATCH_DISTRIBUTIONS)
 
 
 DEFAULT_SYNTHETIC = SyntheticTraceConfig()

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roll_spotlight.config.strict import require_choice, require_int
 from roll_spotlight.spot.market import EventKind, SpotMarket
 from roll_spotlight.spot.notices import PROVIDERS
 from roll_spotlight.spot.pool import MarketSchedule
@@ -68,10 +69,8 @@ def check_capacity(nodes: int, gpus_per_node: int, available_mb: float, *, nodes
                    gpus_key: str = "--gpus-per-node") -> None:
     """ValueError naming the flags when ``nodes`` spot nodes of ``gpus_per_node`` workers (and the
     head) need more memory than ``available_mb``: checked before anything starts."""
-    if nodes < 1:
-        raise ValueError(f"{nodes_key} must be >= 1, got {nodes!r}")
-    if gpus_per_node < 1:
-        raise ValueError(f"{gpus_key} must be >= 1, got {gpus_per_node!r}")
+    require_int(nodes_key, nodes)
+    require_int(gpus_key, gpus_per_node)
     need = HEAD_MB + nodes * node_memory_mb(gpus_per_node)
     if need > available_mb:
         fits = max(0, math.floor((available_mb - HEAD_MB) / node_memory_mb(gpus_per_node)))
@@ -111,10 +110,8 @@ class LocalClusterConfig:
     keep_logs: bool = False
 
     def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise ValueError(f"--provider {self.provider!r} is not one of {list(PROVIDERS)}")
-        if self.gpus_per_node < 1:
-            raise ValueError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node!r}")
+        require_choice("--provider", self.provider, PROVIDERS)
+        require_int("--gpus-per-node", self.gpus_per_node)
 
 
 @dataclass

@@ -5,7 +5,7 @@
     driver: keep the queue stocked for --duration s --> drain --> recompute every output in process
 
 What runs: a local Ray cluster (or ``--address``) with one on-demand ``RolloutWorker`` and up to
-``--cap-nodes`` spot workers that an ``ElasticSpotPool`` starts, notifies and kills as the market
+``--nodes`` (or ``--cap-nodes``) spot workers that an ``ElasticSpotPool`` starts, notifies and kills as the market
 replays the trace, compressed ``--speedup`` times. A driver loop keeps a backlog of rollout
 requests in the queue actor (a random-init tiny policy: correctness, not learning, is measured)
 for ``--duration`` wall seconds, stops submitting and waits until every request is done (or
@@ -36,7 +36,7 @@ preempts in the submission window (``kind: "market"``).
 
 Time: trace seconds are divided by ``--speedup``; the notice is wall time (a worker must finish
 a real denoising step and a commit in it), by default the provider's notice / speedup but at
-least ``MIN_NOTICE_S``. Spot nodes are capped at ``--cap-nodes`` from the trace start (the
+least ``MIN_NOTICE_S``. Spot nodes are capped at ``--nodes`` from the trace start (the
 market's rule). ``--start-s auto`` starts the window ``AUTO_LEAD_S`` trace seconds before the
 first preemption of the window of ``duration * speedup`` trace seconds that holds the most
 preemptions. The clock starts once the on-demand worker and the window's initial spot fleet
@@ -45,10 +45,14 @@ spot nodes that join later start cold, inside the replay. The cost ledger bills 
 NODE_DOWN, the on-demand worker for the whole replay.
 
 Local only: the policy file is written to a temporary directory every worker reads.
+
+The options are `roll_spotlight.config.cluster.TraceRunConfig`, which soak and cluster-soak share;
+`add_arguments` and `config_from_args` are their one command line.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -61,6 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
+from roll_spotlight.config.cluster import TraceRunConfig
+from roll_spotlight.config.strict import require_number
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
                                         MarketConfig, SpotMarket)
@@ -75,65 +81,26 @@ TINY_MODEL = ModelConfig(image_size=16, num_layers=1, attention_head_dim=16, axe
 ONDEMAND_WORKER = "ondemand-0"
 
 
-@dataclass(frozen=True)
-class ReplayConfig:
-    """One replay; see the module docstring. ``start_s`` is trace seconds or ``"auto"``."""
+def check_placement(cfg: TraceRunConfig) -> None:
+    """The SP groups fit the replay's model and the spot nodes (errors name the flags)."""
+    from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
 
-    trace: str | None = None
-    speedup: float = 30.0
-    duration_s: float = 120.0
-    start_s: float | str = 0.0
-    zones: tuple[str, ...] | None = None
-    victims: str = "newest_first"
-    count_model: str = "instances"
-    cap_nodes: int = 4
-    gpus_per_node: int = 1
-    sp_degree: int = 1
-    no_notice: bool = False
-    notice_s: float | None = None
-    commit_every: int = 0
-    num_steps: int = 12
-    noise_level: float = 0.7
-    backlog: int = 2
-    drain_timeout_s: float = 180.0
-    lease_s: float = 60.0
-    seed: int = 0
-    poll_s: float = 0.02
-    address: str | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("speedup", "duration_s", "drain_timeout_s", "lease_s", "poll_s"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"replay.{key} must be a finite number > 0, got {value!r}")
-        if not (self.start_s == "auto" or (isinstance(self.start_s, (int, float)) and self.start_s >= 0)):
-            raise ValueError(f"replay.start_s must be >= 0 or 'auto', got {self.start_s!r}")
-        if self.notice_s is not None and not (math.isfinite(self.notice_s) and self.notice_s > 0):
-            raise ValueError(f"replay.notice_s must be a finite number > 0, got {self.notice_s!r}")
-        for key, low in (("cap_nodes", 1), ("commit_every", 0), ("num_steps", 1), ("backlog", 1)):
-            if getattr(self, key) < low:
-                raise ValueError(f"replay.{key} must be >= {low}, got {getattr(self, key)!r}")
-        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
-
-        check_sp_degree(TINY_MODEL, self.sp_degree, key="--sp-degree")
-        check_spot_placement(self.gpus_per_node, self.sp_degree, self.cap_nodes, degree_key="--sp-degree",
-                             gpus_key="--gpus-per-node", nodes_key="--cap-nodes")
-        if self.victims not in VICTIM_RULES:
-            raise ValueError(f"replay.victims must be one of {list(VICTIM_RULES)}, got {self.victims!r}")
-        if self.count_model not in COUNT_MODELS:
-            raise ValueError(f"replay.count_model must be one of {list(COUNT_MODELS)}, got {self.count_model!r}")
+    check_sp_degree(TINY_MODEL, cfg.sp_degree, key="--sp-degree")
+    check_spot_placement(cfg.gpus_per_node, cfg.sp_degree, cfg.nodes, degree_key="--sp-degree",
+                         gpus_key="--gpus-per-node", nodes_key="--nodes")
 
 
 # ---------------------------------------------------------------------------------------------
 # The market window
 
 
-def notice_wall_s(cfg: ReplayConfig, provider: str) -> float:
-    """The notice in wall seconds: as given, else the provider's notice compressed like the trace,
-    but at least MIN_NOTICE_S (a step plus a commit must fit on a loaded host)."""
+def notice_wall_s(cfg: TraceRunConfig, provider: str, floor_s: float = MIN_NOTICE_S) -> float:
+    """The notice in wall seconds: as given, else the provider's notice (30 s when it gives none
+    ahead of time, as k8s's grace period) compressed like the trace, but at least ``floor_s`` (a
+    step plus a commit must fit on a loaded host)."""
     if cfg.notice_s is not None:
         return cfg.notice_s
-    return max(NOTICE_S_BY_PROVIDER[provider] / cfg.speedup, MIN_NOTICE_S)
+    return max(NOTICE_S_BY_PROVIDER.get(provider, 30.0) / cfg.speedup, floor_s)
 
 
 def busiest_window(trace: Trace, window_s: float, *, cap_nodes: int | None = None,
@@ -154,34 +121,36 @@ def busiest_window(trace: Trace, window_s: float, *, cap_nodes: int | None = Non
     return best_start
 
 
-def build_market(cfg: ReplayConfig, trace: Trace) -> SpotMarket:
-    window_s = cfg.duration_s * cfg.speedup
-    start = (busiest_window(trace, window_s, cap_nodes=cfg.cap_nodes, zones=cfg.zones, victims=cfg.victims,
-                            count_model=cfg.count_model, seed=cfg.seed)
-             if cfg.start_s == "auto" else float(cfg.start_s))
+def window_start(cfg: TraceRunConfig, trace: Trace) -> float:
+    """``--start-s`` in trace seconds; "auto": the busiest window of the run's length."""
+    if cfg.start_s != "auto":
+        return float(cfg.start_s)
+    return busiest_window(trace, cfg.duration_s * cfg.speedup, cap_nodes=cfg.nodes, zones=cfg.zones,
+                          victims=cfg.victims, count_model=cfg.count_model, seed=cfg.seed)
+
+
+def build_market(cfg: TraceRunConfig, trace: Trace) -> SpotMarket:
+    start = window_start(cfg, trace)
     notice = 0.0 if cfg.no_notice else notice_wall_s(cfg, trace.provider)
     span = (cfg.duration_s + cfg.drain_timeout_s) * cfg.speedup  # events keep coming while draining
     return SpotMarket(trace, MarketConfig(notice_s=notice, victims=cfg.victims, count_model=cfg.count_model,
                                           seed=cfg.seed, compression=cfg.speedup, start_s=start, duration_s=span,
-                                          cap_nodes=cfg.cap_nodes, zones=cfg.zones))
+                                          cap_nodes=cfg.nodes, zones=cfg.zones))
 
 
-def trace_window(cfg: ReplayConfig, market: SpotMarket) -> dict:
-    """The report's description of the replayed market window."""
-    return {"start_s": market.window_start_s, "end_s": market.window_end_s, "zones": list(market.trace.zone_names),
-            "cap_nodes": cfg.cap_nodes, "victims": cfg.victims, "count_model": cfg.count_model}
+def report_head(kind: str, cfg: TraceRunConfig, trace: Trace, market: SpotMarket) -> dict:
+    """The first fields of a replay's report: its kind, the trace and the replayed market window."""
+    window = {"start_s": market.window_start_s, "end_s": market.window_end_s, "zones": list(market.trace.zone_names),
+              "cap_nodes": cfg.nodes, "victims": cfg.victims, "count_model": cfg.count_model}
+    return {"kind": kind, "trace": trace.name, "trace_window": window, "speedup": cfg.speedup,
+            "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0}
 
 
-def market_report(cfg: ReplayConfig, trace: Trace, market: SpotMarket) -> dict:
+def market_report(cfg: TraceRunConfig, trace: Trace, market: SpotMarket) -> dict:
     """What the market alone does in the submission window (wall ``[0, duration_s)``), no Ray:
     nodes started, notices and preemptions (NODE_DOWN events), as a ``kind: "market"`` report."""
     kinds = Counter(ev.kind for ev in market.events_between(0.0, cfg.duration_s))
-    return {
-        "kind": "market",
-        "trace": trace.name,
-        "trace_window": trace_window(cfg, market),
-        "speedup": cfg.speedup,
-        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+    return report_head("market", cfg, trace, market) | {
         "seed": cfg.seed,
         "spot_nodes_initial": len(market.alive_at(0.0)),
         "spot_nodes_started": kinds[EventKind.NODE_UP],
@@ -240,18 +209,17 @@ class _Results:
 class _Runtime:
     """Ray, the queue and weight-store actors, the policy file and the on-demand worker."""
 
-    def __init__(self, cfg: ReplayConfig, policy_dir: Path) -> None:
+    def __init__(self, cfg: TraceRunConfig, policy_dir: Path) -> None:
         import ray
 
         from roll_spotlight.dispatch.actor import create_queue_actor
         from roll_spotlight.dispatch.queue import QueueConfig
         from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
-        from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
+        from roll_spotlight.runtime.ray_backend import init_ray
         from roll_spotlight.weights import WeightStore
 
         self.started_ray = not ray.is_initialized()
-        init_ray(RayClusterConfig(address=cfg.address, num_cpus=2, ondemand_workers=1,
-                                  spot_workers=2 * cfg.cap_nodes * cfg.gpus_per_node))
+        init_ray(cfg.ray_cluster())
         self.policy_path = str(policy_dir / "policy.pt")
         policy = _save_tiny_policy(self.policy_path, cfg.seed)
         self.queue = create_queue_actor(QueueConfig(lease_s=cfg.lease_s, max_attempts=1_000_000))
@@ -295,7 +263,7 @@ def _save_tiny_policy(path: str, seed: int):
     return policy
 
 
-def _run_loop(cfg: ReplayConfig, rt: _Runtime, pool, poll, stream: RequestStream, results: _Results,
+def _run_loop(cfg: TraceRunConfig, rt: _Runtime, pool, poll, stream: RequestStream, results: _Results,
               clock, until_s: float, submit: bool) -> None:
     """Call ``poll(now)`` (apply due market events), collect results and (while ``submit``) keep
     the backlog stocked for ``pool``'s serving workers, until ``until_s``, or, when not
@@ -343,15 +311,20 @@ def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
     return mismatched, mismatched_resumed
 
 
-def run_replay(cfg: ReplayConfig) -> dict:
-    """The whole replay; returns the JSON report (see the module docstring)."""
+def load_or_synthetic(cfg: TraceRunConfig) -> Trace:
+    """``--trace``, or the synthetic trace when none is given."""
     from roll_spotlight.spot.synthetic import synthetic_trace
 
-    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    return load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+
+
+def run_replay(cfg: TraceRunConfig) -> dict:
+    """The whole replay; returns the JSON report (see the module docstring)."""
+    trace = load_or_synthetic(cfg)
     return run_checked(cfg, trace, build_market(cfg, trace))
 
 
-def run_checked(cfg: ReplayConfig, trace: Trace, market: SpotMarket, drive=None) -> dict:
+def run_checked(cfg: TraceRunConfig, trace: Trace, market: SpotMarket, drive=None) -> dict:
     """Start the runtime, ``drive(cfg, rt, market, stream) -> (_Live, CostLedger)`` it (default:
     ``_replay_live``, the market's pool on this cluster), recompute every output uninterrupted and
     return the report. The one home of the run-and-check that replay, soak and cluster-soak share."""
@@ -376,11 +349,9 @@ def run_checked(cfg: ReplayConfig, trace: Trace, market: SpotMarket, drive=None)
     return _report(cfg, trace, market, stream, live, ledger, mismatches, timing)
 
 
-def run_market_only(cfg: ReplayConfig) -> dict:
+def run_market_only(cfg: TraceRunConfig) -> dict:
     """The replay's market alone (``market_report``): no Ray, no workers, no outputs to check."""
-    from roll_spotlight.spot.synthetic import synthetic_trace
-
-    trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
+    trace = load_or_synthetic(cfg)
     return market_report(cfg, trace, build_market(cfg, trace))
 
 
@@ -401,7 +372,7 @@ class _Live:
     extra: dict = field(default_factory=dict)  # a driver's own report fields (cluster-soak)
 
 
-def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, stream: RequestStream):
+def _replay_live(cfg: TraceRunConfig, rt: _Runtime, market: SpotMarket, stream: RequestStream):
     """The market's pool on this cluster: initial fleet up, then ``drive_live``; the ledger bills
     trace seconds (the on-demand worker from clock 0 to the end)."""
     from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
@@ -426,7 +397,7 @@ def _replay_live(cfg: ReplayConfig, rt: _Runtime, market: SpotMarket, stream: Re
     return live, ledger
 
 
-def drive_live(cfg: ReplayConfig, rt: _Runtime, pool, stream: RequestStream, *, poll, close) -> _Live:
+def drive_live(cfg: TraceRunConfig, rt: _Runtime, pool, stream: RequestStream, *, poll, close) -> _Live:
     """The clock starts now: submit for ``duration``, drain, ``close(now)`` the spot side, stop
     the on-demand worker, collect what is left. ``poll(now)`` runs on every turn of the loop."""
     import ray
@@ -452,12 +423,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
     completions = results.completions.values()
     regroups = {k.removeprefix("spot/"): v for k, v in regroup_metrics(pool.launcher.regroups).items()}
     regroups["time_lost_per_preemption_s"] = time_lost_per_preemption(pool.launcher.regroups)
-    return {
-        "kind": "measured",
-        "trace": trace.name,
-        "trace_window": trace_window(cfg, market),
-        "speedup": cfg.speedup,
-        "simulated_minutes": cfg.duration_s * cfg.speedup / 60.0,
+    return report_head("measured", cfg, trace, market) | {
         **timing,
         "notice_wall_s": None if cfg.no_notice else notice_wall_s(cfg, trace.provider),
         "no_notice": cfg.no_notice,
@@ -503,44 +469,64 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spotlight replay", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = ReplayConfig()
+    add_arguments(p, TraceRunConfig())
+    p.add_argument("--market-only", action="store_true",
+                   help="replay the market alone (no Ray) and report its nodes and preemptions")
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: bool = False, join: bool = True,
+                  notice_floor_s: float = MIN_NOTICE_S) -> None:
+    """The options of replay, soak and cluster-soak (`TraceRunConfig`, defaults ``d``): the run's
+    length in wall seconds (``--duration``) or, with ``minutes``, ``--minutes``; with ``join``,
+    ``--address``; ``notice_floor_s`` is the tool's least default notice (`notice_wall_s`). Each
+    option's ``dest`` is its field (`config_from_args`)."""
     p.add_argument("--trace", default=None, help="trace file or folder; omitted: the synthetic p3-like trace")
+    if minutes:
+        p.add_argument("--minutes", type=float, default=d.duration_s / 60.0, help="wall minutes of request submission")
+    else:
+        p.add_argument("--duration", dest="duration_s", type=float, default=d.duration_s, metavar="SECONDS",
+                       help="wall seconds of request submission")
     p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
-    p.add_argument("--duration", type=float, default=d.duration_s, help="wall seconds of request submission")
-    p.add_argument("--start-s", default=str(d.start_s), help="window start in trace seconds, or 'auto'")
+    p.add_argument("--start-s", default=str(d.start_s), help="window start in trace seconds, or 'auto' (the busiest)")
     p.add_argument("--zones", default=None, help="comma-separated zones of the trace to use; omitted: all")
-    p.add_argument("--victims", default=d.victims, choices=VICTIM_RULES,
-                   help="count-trace victim rule (with --count-model capacity)")
-    p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
-                   help="count traces: each spot node is one of the group's instances, or the count is a capacity")
-    p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
+    p.add_argument("--victims", default=d.victims, help=f"count-trace victim rule with --count-model capacity: "
+                   f"one of {VICTIM_RULES}")
+    p.add_argument("--count-model", default=d.count_model, help=f"count traces: each spot node is one of the "
+                   f"group's instances, or the count is a capacity: one of {COUNT_MODELS}")
+    p.add_argument("--nodes", "--cap-nodes", dest="nodes", type=int, default=d.nodes,
+                   help="most spot nodes alive at once")
     p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="rollout workers (GPUs) per spot node")
     p.add_argument("--sp-degree", type=int, default=d.sp_degree,
                    help="SP degree of the spot workers' elastic groups (1: solo workers)")
     p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
     p.add_argument("--notice-s", type=float, default=None,
-                   help=f"notice in wall seconds; omitted: provider notice / speedup, at least {MIN_NOTICE_S}")
+                   help=f"notice in wall seconds; omitted: provider notice / speedup, at least {notice_floor_s}")
     p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
     p.add_argument("--num-steps", type=int, default=d.num_steps, help="denoising steps per request")
     p.add_argument("--backlog", type=int, default=d.backlog, help="pending requests kept per serving worker")
-    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, help="wall seconds to wait for the drain")
+    p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=d.drain_timeout_s,
+                   metavar="SECONDS", help="wall seconds to wait for the drain")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
-    p.add_argument("--market-only", action="store_true",
-                   help="replay the market alone (no Ray) and report its nodes and preemptions")
+    if join:
+        p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line (default: indented)")
-    return p
 
 
-def config_from_args(args: argparse.Namespace) -> ReplayConfig:
-    start = args.start_s if args.start_s == "auto" else _float_arg("--start-s", args.start_s)
-    zones = tuple(z.strip() for z in args.zones.split(",") if z.strip()) if args.zones else None
-    return ReplayConfig(trace=args.trace, speedup=args.speedup, duration_s=args.duration, start_s=start, zones=zones,
-                        victims=args.victims, count_model=args.count_model, cap_nodes=args.cap_nodes,
-                        gpus_per_node=args.gpus_per_node, sp_degree=args.sp_degree, no_notice=args.no_notice,
-                        notice_s=args.notice_s, commit_every=args.commit_every, num_steps=args.num_steps,
-                        backlog=args.backlog, drain_timeout_s=args.drain_timeout, seed=args.seed,
-                        address=args.address)
+def config_from_args(args: argparse.Namespace, defaults: TraceRunConfig = TraceRunConfig()) -> TraceRunConfig:
+    """The validated `TraceRunConfig` of `add_arguments`' options (fields without one keep
+    ``defaults``'), its SP groups checked against the model and the nodes."""
+    given = vars(args)
+    values = {f.name: given[f.name] for f in dataclasses.fields(TraceRunConfig) if f.name in given}
+    if "minutes" in given:
+        require_number("--minutes", args.minutes)
+        values["duration_s"] = args.minutes * 60.0
+    if args.start_s != "auto":
+        values["start_s"] = _float_arg("--start-s", args.start_s)
+    values["zones"] = tuple(z.strip() for z in args.zones.split(",") if z.strip()) if args.zones else None
+    cfg = dataclasses.replace(defaults, **values)
+    check_placement(cfg)
+    return cfg
 
 
 def _float_arg(name: str, text: str) -> float:

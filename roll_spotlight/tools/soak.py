@@ -26,7 +26,10 @@ spot node is one of the group's alive instances; ``capacity``: only nodes above 
 `spotlight replay`. ``--market-only`` replays the tiled market alone, without Ray, and reports its
 nodes started and preemptions in the submission window (``kind: "market"``).
 
-The JSON report is replay's report (``kind: "measured"``) plus the fields above. Exit status: 0
+The options are replay's (`TraceRunConfig`, with ``--minutes`` for ``--duration`` and the soak's
+defaults, `DEFAULTS`); ``--start-s`` picks the window on one lap of the trace, which is then tiled
+from there on. The JSON report is replay's report (``kind: "measured"``) plus the fields above. Exit
+status: 0
 when requests_lost, duplicate_completions and mismatched_outputs are all 0; 1 otherwise; 2 on bad
 input (naming the option, file or line).
 """
@@ -42,55 +45,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roll_spotlight.spot.market import COUNT_MODELS
-from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace, load_trace
+from roll_spotlight.config.cluster import TraceRunConfig
+from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class SoakConfig:
-    """One soak; see the module docstring. Times are wall seconds unless named ``trace``."""
-
-    trace: str | None = None
-    minutes: float = 1.0
-    speedup: float = 120.0
-    cap_nodes: int = 3
-    gpus_per_node: int = 1
-    sp_degree: int = 1
-    count_model: str = "instances"
-    no_notice: bool = False
-    notice_s: float | None = None
-    commit_every: int = 0
-    num_steps: int = 6
-    backlog: int = 2
-    drain_timeout_s: float = 120.0
-    seed: int = 0
-    sample_s: float = 0.5
-    address: str | None = None
-
-    def __post_init__(self) -> None:
-        for key in ("minutes", "speedup", "drain_timeout_s", "sample_s"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"soak.{key} must be a finite number > 0, got {value!r}")
-        for key, low in (("cap_nodes", 1), ("commit_every", 0), ("num_steps", 1), ("backlog", 1)):
-            if getattr(self, key) < low:
-                raise ValueError(f"soak.{key} must be >= {low}, got {getattr(self, key)!r}")
-        if self.count_model not in COUNT_MODELS:
-            raise ValueError(f"soak.count_model must be one of {list(COUNT_MODELS)}, got {self.count_model!r}")
-
-    def replay_config(self, drain_timeout_s: float | None = None):
-        """The replay machinery's config for this soak (start at the tiled trace's origin)."""
-        from roll_spotlight.tools.replay import ReplayConfig
-
-        return ReplayConfig(speedup=self.speedup, duration_s=self.minutes * 60.0, start_s=0.0,
-                            cap_nodes=self.cap_nodes, gpus_per_node=self.gpus_per_node, sp_degree=self.sp_degree,
-                            count_model=self.count_model, no_notice=self.no_notice,
-                            notice_s=self.notice_s,
-                            commit_every=self.commit_every, num_steps=self.num_steps, backlog=self.backlog,
-                            drain_timeout_s=drain_timeout_s or self.drain_timeout_s, seed=self.seed,
-                            address=self.address)
+DEFAULTS = TraceRunConfig(speedup=120.0, duration_s=60.0, nodes=3, num_steps=6, drain_timeout_s=120.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,54 +176,57 @@ class RssSampler:
 # The soak
 
 
-def laps_needed(cfg: SoakConfig, trace: Trace) -> int:
+def laps_needed(cfg: TraceRunConfig, trace: Trace) -> int:
     """Laps so the trace covers the submission window plus the drain."""
-    needed = (cfg.minutes * 60.0 + cfg.drain_timeout_s) * cfg.speedup
+    needed = (cfg.duration_s + cfg.drain_timeout_s) * cfg.speedup
     return max(1, math.ceil(needed / max(trace.end_s, 1e-9)))
 
 
-def run_soak(cfg: SoakConfig, trace: Trace | None = None) -> dict:
-    """The whole soak (``trace``: already loaded from ``cfg.trace``); returns the JSON report."""
-    from roll_spotlight.spot.synthetic import synthetic_trace
+def tiled_market(cfg: TraceRunConfig, trace: Trace):
+    """The soak's market: the window start chosen on one lap (``--start-s``; "auto": replay's
+    busiest window), the trace tiled to cover it plus the run and its drain. Returns the tiling,
+    ``cfg`` with the start in trace seconds, and the market."""
+    from roll_spotlight.tools import replay
 
-    if trace is None:
-        trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
-    tiled = tile_trace(trace, laps_needed(cfg, trace))
+    start = replay.window_start(cfg, trace)
+    tiled = tile_trace(trace, laps_needed(cfg, trace) + math.ceil(start / max(trace.end_s, 1e-9)))
+    cfg = dataclasses.replace(cfg, start_s=start)
+    return tiled, cfg, replay.build_market(cfg, tiled.trace)
+
+
+def soak_fields(cfg: TraceRunConfig, trace: Trace, tiled: Tiled, replayed_s: float) -> dict:
+    """What a soak's report adds to replay's about the trace it repeated (``replayed_s`` trace
+    seconds of it from the window start)."""
+    wraps = tiled.removals_until(cfg.start_s + replayed_s) - tiled.removals_until(cfg.start_s)
+    return {"soak_minutes": cfg.duration_s / 60.0, "trace": trace.name, "trace_laps": tiled.laps,
+            "trace_period_s": tiled.period_s, "wrap_removals": wraps}
+
+
+def run_soak(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
+    """The whole soak (``trace``: already loaded from ``cfg.trace``); returns the JSON report."""
+    from roll_spotlight.tools import replay
+
+    trace = trace if trace is not None else replay.load_or_synthetic(cfg)
+    tiled, cfg, market = tiled_market(cfg, trace)
     with RssSampler(cfg.sample_s) as rss:
-        report = _replay(cfg, tiled.trace)
+        report = replay.run_checked(cfg, tiled.trace, market)
     replayed_s = (report["run_wall_s"] + report["drain_wall_s"]) * cfg.speedup
-    return report | {
-        "soak_minutes": cfg.minutes, "trace": trace.name, "trace_laps": tiled.laps,
-        "trace_period_s": tiled.period_s, "trace_seconds_replayed": replayed_s,
-        "wrap_removals": tiled.removals_until(replayed_s),
-        "requests": report["requests_submitted"], "lost": report["requests_lost"],
-        "duplicated": report["duplicate_completions"], "mismatched": report["mismatched_outputs"],
-        "peak_rss_mb": round(rss.peak_actors_mb, 1), "peak_rss_all_mb": round(rss.peak_all_mb, 1),
-        "rss_samples": rss.samples,
+    return report | soak_fields(cfg, trace, tiled, replayed_s) | {
+        "trace_seconds_replayed": replayed_s, "requests": report["requests_submitted"],
+        "lost": report["requests_lost"], "duplicated": report["duplicate_completions"],
+        "mismatched": report["mismatched_outputs"], "peak_rss_mb": round(rss.peak_actors_mb, 1),
+        "peak_rss_all_mb": round(rss.peak_all_mb, 1), "rss_samples": rss.samples,
     }
 
 
-def run_market_only(cfg: SoakConfig, trace: Trace | None = None) -> dict:
+def run_market_only(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
     """The soak's tiled market alone (no Ray): replay's ``market_report`` plus the tiling."""
-    from roll_spotlight.spot.synthetic import synthetic_trace
     from roll_spotlight.tools import replay
 
-    if trace is None:
-        trace = load_trace(cfg.trace) if cfg.trace else synthetic_trace()
-    tiled = tile_trace(trace, laps_needed(cfg, trace))
-    rcfg = cfg.replay_config()
-    report = replay.market_report(rcfg, tiled.trace, replay.build_market(rcfg, tiled.trace))
-    return report | {"soak_minutes": cfg.minutes, "trace": trace.name, "trace_laps": tiled.laps,
-                     "trace_period_s": tiled.period_s,
-                     "wrap_removals": tiled.removals_until(cfg.minutes * 60.0 * cfg.speedup)}
-
-
-def _replay(cfg: SoakConfig, trace: Trace) -> dict:
-    """Replay's live run and check over an already built trace (replay.run_replay loads its own)."""
-    from roll_spotlight.tools import replay
-
-    rcfg = cfg.replay_config()
-    return replay.run_checked(rcfg, trace, replay.build_market(rcfg, trace))
+    trace = trace if trace is not None else replay.load_or_synthetic(cfg)
+    tiled, cfg, market = tiled_market(cfg, trace)
+    return replay.market_report(cfg, tiled.trace, market) | soak_fields(cfg, trace, tiled,
+                                                                         cfg.duration_s * cfg.speedup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,48 +234,30 @@ def _replay(cfg: SoakConfig, trace: Trace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = SoakConfig()
+    from roll_spotlight.tools.replay import add_arguments
+
     p = argparse.ArgumentParser(prog="spotlight soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--trace", default=None, help="trace file or folder; omitted: the synthetic p3-like trace")
-    p.add_argument("--minutes", type=float, default=d.minutes, help="wall minutes of request submission")
-    p.add_argument("--speedup", type=float, default=d.speedup, help="trace seconds per wall second")
-    p.add_argument("--cap-nodes", type=int, default=d.cap_nodes, help="most spot nodes alive at once")
-    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node, help="rollout workers (GPUs) per spot node")
-    p.add_argument("--sp-degree", type=int, default=d.sp_degree,
-                   help="SP degree of the spot workers' elastic groups (1: solo workers)")
-    p.add_argument("--count-model", default=d.count_model, choices=COUNT_MODELS,
-                   help="count traces: each spot node is one of the group's instances, or the count is a capacity")
-    p.add_argument("--no-notice", action="store_true", help="kill at NODE_DOWN without any notice")
-    p.add_argument("--notice-s", type=float, default=None, help="notice in wall seconds (default: replay's)")
-    p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
-    p.add_argument("--num-steps", type=int, default=d.num_steps, help="denoising steps per request")
-    p.add_argument("--backlog", type=int, default=d.backlog, help="pending requests kept per serving worker")
-    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout_s, help="wall seconds to wait for the drain")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    add_arguments(p, DEFAULTS, minutes=True)
     p.add_argument("--market-only", action="store_true",
                    help="replay the tiled market alone (no Ray) and report its nodes and preemptions")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON line (default: indented)")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> SoakConfig:
-    return SoakConfig(trace=args.trace, minutes=args.minutes, speedup=args.speedup, cap_nodes=args.cap_nodes,
-                      gpus_per_node=args.gpus_per_node, sp_degree=args.sp_degree,
-                      count_model=args.count_model, no_notice=args.no_notice, notice_s=args.notice_s, commit_every=args.commit_every,
-                      num_steps=args.num_steps, backlog=args.backlog, drain_timeout_s=args.drain_timeout,
-                      seed=args.seed, address=args.address)
+def config_from_args(args: argparse.Namespace) -> TraceRunConfig:
+    from roll_spotlight.tools import replay
+
+    return replay.config_from_args(args, DEFAULTS)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one soak and print its report; 1 if a correctness counter is not 0, 2 on bad input."""
-    from roll_spotlight.tools.replay import print_report
+    from roll_spotlight.tools.replay import load_or_synthetic, print_report
 
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
-        trace = load_trace(cfg.trace) if cfg.trace is not None else None  # bad traces fail before Ray starts
+        trace = load_or_synthetic(cfg)  # bad traces fail before Ray starts
         report = run_market_only(cfg, trace) if args.market_only else run_soak(cfg, trace)
     except (ValueError, FileNotFoundError) as err:
         print(f"spotlight soak: {err}", file=sys.stderr)
