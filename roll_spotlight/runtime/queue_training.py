@@ -83,7 +83,11 @@ GradientInbox = ray.remote(num_cpus=0)(GradientInboxServer)
 
 
 def create_inbox(queue):
-    return GradientInbox.remote(queue)
+    """The run's gradient inbox, pinned to the driver's (on-demand) node as the queue is: on a spot
+    node a preemption would take every accepted sum of the open update with it."""
+    from roll_spotlight.placement import on_driver_node
+
+    return GradientInbox.options(**on_driver_node()).remote(queue)
 
 
 class InboxSink:
