@@ -45,6 +45,7 @@ class WorkerPlacement:
     sp_degree: int = 1
     emulate: str | None = None
     time_scale: float = 1.0
+    sp_min_degree: int | None = None
 
     def on_ray(self, cfg) -> bool:
         return self.ray or self.address is not None or cfg.spot.enabled or self.emulate is not None
@@ -277,7 +278,7 @@ def ray_cluster_config(placement: WorkerPlacement):
     from roll_spotlight.runtime.ray_backend import RayClusterConfig
 
     return RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,
-                            sp_degree=placement.sp_degree)
+                            sp_degree=placement.sp_degree, sp_min_degree=placement.sp_min_degree)
 
 
 def emulated_run(cfg, placement: WorkerPlacement):

@@ -23,8 +23,10 @@ class RayClusterConfig:
     stale exploration runs beside training (then `threads_per_actor`). Without it the rollout
     workers idle while the trainer steps, so one thread would leave the other cores unused.
     `spot_pool_slots`: extra spot_gpu units for the elastic spot pool's workers. `sp_degree`:
-    rollout workers per SP group (runtime.sp_group; 1: one image per worker); `sp_timeout_s`: how
-    long an SP group's collectives wait for a silent member.
+    rollout workers per SP group (runtime.sp_group; 1: one image per worker); `sp_min_degree`: the
+    smallest group the spot workers' survivors re-form (None: any valid degree; `sp_degree`: a
+    fixed degree, survivors wait for a newcomer); `sp_timeout_s`: how long an SP group's
+    collectives wait for a silent member.
     """
 
     address: str | None = None
@@ -36,6 +38,7 @@ class RayClusterConfig:
     poll_s: float = 0.01
     spot_pool_slots: int = 0
     sp_degree: int = 1
+    sp_min_degree: int | None = None
     sp_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -47,6 +50,7 @@ class RayClusterConfig:
                 f"and runtime.spot_workers={self.spot_workers}")
         require_each(self, "runtime", ("num_cpus", "threads_per_actor"), require_int)
         require_int("runtime.trainer_threads", self.trainer_threads, optional=True)
+        require_int("runtime.sp_min_degree", self.sp_min_degree, optional=True)
         require_each(self, "runtime", ("poll_s", "sp_timeout_s"), require_number)
 
     def trainer_threads_for(self, exploration_mode: str) -> int:

@@ -142,6 +142,10 @@ class GRPOConfig:
     lora: LoraConfig | None = None
     # "fsdp": shard the trainer's transformer over its data-parallel ranks (torch FSDP2)
     sharding: Literal["replicate", "fsdp"] = "replicate"
+    # every on-demand rollout worker also computes micro-batches of each update (through the queue,
+    # `runtime.queue_training`): each GPU that rolls out trains too, as ROLL's colocated actor_train
+    # and actor_infer do; otherwise the trainer alone, unless spot workers train (spot.training_phase)
+    colocated: bool = False
 
     def __post_init__(self) -> None:
         require_int("train.group_size", self.group_size, ">= 2", why="(advantages are relative within a group)")
@@ -289,6 +293,8 @@ class SpotConfig:
     (the default, from the evidence in docs/learning.md: spot training shortens every update,
     exploration has cut no iterations on any task measured) trains wherever the run can, and
     explores where it cannot (LoRA off, several inner epochs, a sharded trainer).
+    `commit_on_notice` false ignores notices: a node's work is lost at its kill and restarts
+    elsewhere from scratch (the naive-spot baseline Spotlight is compared with).
 
     Where spot GPUs live on a Ray cluster, for whoever deploys one (deploy/kuberay declares them):
     `resource` is the custom resource spot nodes carry and spot workers ask for, `ondemand_resource`
@@ -313,6 +319,7 @@ class SpotConfig:
     ondemand_usd_per_gpu_hour: float | None = None
     spot_usd_per_gpu_hour: float | None = None
     training_phase: Literal["train", "explore", "auto"] | None = None
+    commit_on_notice: bool = True
     resource: str = SPOT_RESOURCE
     ondemand_resource: str = ONDEMAND_RESOURCE
     node_label: str = "spotlight.io/pool=spot"
@@ -437,11 +444,18 @@ class RunConfig:
         blocker = spot_training_blocker(self)
         require(not (self.spot.enabled and self.spot.training_phase == "train" and blocker), "spot.training_phase",
                 self.spot.training_phase, f"cannot be 'train': {blocker}")
+        require(not (self.train.colocated and blocker), "train.colocated", self.train.colocated,
+                f"cannot be true: {blocker}")
 
     def spot_trains(self) -> bool:
         """Do spot workers pull training micro-batches in this run (`spot.training_phase`; null:
         wherever it can)?"""
         return self.spot.enabled and self.spot.training_phase != "explore" and spot_training_blocker(self) is None
+
+    def queue_trains(self) -> bool:
+        """Do updates go through the queue (`runtime.queue_training`): spot workers train, or every
+        on-demand rollout worker does (`train.colocated`)?"""
+        return self.train.colocated or self.spot_trains()
 
     def _fill_geneval_metadata(self) -> None:
         """A `geneval` reward on GenEval prompt files reads each prompt's metadata from those files

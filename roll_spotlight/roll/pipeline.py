@@ -109,7 +109,7 @@ class SpotlightPipeline(BasePipeline):
         from roll_spotlight.dispatch.actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
-        self.inbox = self.start_queue_training(queue) if self.run_config.spot_trains() else None
+        self.inbox = self.start_queue_training(queue) if self.run_config.queue_trains() else None
         return PullDispatch(self.actor_infer, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
 
     def start_queue_training(self, queue):
@@ -144,7 +144,7 @@ class SpotlightPipeline(BasePipeline):
         elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
                                min_degree=cfg.elastic.min_sp_degree)
         return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=ondemand,
-                                   elastic=elastic, inbox=self.inbox)
+                                   elastic=elastic, inbox=self.inbox if self.run_config.spot_trains() else None)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:

@@ -218,6 +218,9 @@ def one_rank_spot_training(cfg: RunConfig, trainer_ranks: int) -> tuple[RunConfi
     ``actor_train`` ranks ``spot.training_phase: train`` is an error naming both keys, and
     ``auto`` or the default become ``explore``. Returns the config in force and, when it fell
     back, why (logged at start-up)."""
+    if trainer_ranks > 1 and cfg.train.colocated:
+        raise ValueError(f"train.colocated needs actor_train.world_size=1, got {trainer_ranks} ranks: the workers' "
+                         "gradient sums are added by one trainer rank")
     if trainer_ranks == 1 or not cfg.spot_trains():
         return cfg, None
     if cfg.spot.training_phase == "train":

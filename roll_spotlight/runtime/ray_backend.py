@@ -133,6 +133,7 @@ class RayBackend:
             check_sp_degree(cfg.model, self.cluster.sp_degree)
             if cfg.spot.enabled:
                 check_spot_placement(cfg.spot.gpus_per_node, self.cluster.sp_degree, cfg.spot.max_workers)
+        self._owns_ray = not ray.is_initialized()  # then close() disconnects: whoever joins Ray leaves it
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
@@ -155,7 +156,7 @@ class RayBackend:
         journal = fresh_queue_journal(run_dir) if run_dir is not None else None
         self.queue = create_queue_actor(queue_config(cfg), journal=journal)
         self.inbox = None
-        if cfg.spot_trains():  # the update's micro-batches go through the queue (runtime.queue_training)
+        if cfg.queue_trains():  # the update's micro-batches go through the queue (runtime.queue_training)
             from roll_spotlight.runtime.queue_training import create_inbox
 
             self.inbox = create_inbox(self.queue)
@@ -164,6 +165,7 @@ class RayBackend:
         self.serving = {}
         self._rendezvous = None
         self._placement_groups = []
+        self._spot_inbox = self.inbox if cfg.spot_trains() else None  # spot workers train, or only explore
         self._add_workers("ondemand", ONDEMAND, self.cluster.ondemand_workers)
         self._add_workers("spot", SPOT, self.cluster.spot_workers)
         self._events: list[dict] = []
@@ -179,10 +181,11 @@ class RayBackend:
         if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
             source = self.emulation.as_role("spot", cfg.spot.gpus_per_node)
             shape, bill_scale = self.emulation.sp_shape(), self.emulation.time_scale
-        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, source, shape=shape)
+        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, source, shape=shape,
+                               min_degree=self.cluster.sp_min_degree or 1)
         return start_training_pool(cfg.spot, source, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self._ondemand_gpus(), market=market, clock=clock,
-                                   worker_kwargs=worker_kwargs, elastic=elastic, inbox=self.inbox,
+                                   worker_kwargs=worker_kwargs, elastic=elastic, inbox=self._spot_inbox,
                                    bill_scale=bill_scale)
 
     def _ondemand_gpus(self) -> int:
@@ -231,7 +234,7 @@ class RayBackend:
         options = {"resources": {resource: 1}, "num_gpus": worker_gpus(self._path), "name": None, **(_options or {})}
         worker = RolloutWorker.options(**options).remote(
             name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor,
-            inbox=self.inbox, **kwargs)
+            inbox=self.inbox if resource == ONDEMAND else self._spot_inbox, **kwargs)
         self.workers[name] = worker
         self.serving[name] = worker.serve.remote()
         return worker
@@ -367,3 +370,5 @@ class RayBackend:
             ray.util.remove_placement_group(pg)
         if self._rendezvous is not None:
             self._rendezvous.close()
+        if self._owns_ray:
+            ray.shutdown()

@@ -332,7 +332,8 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
                                  worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node, elastic=elastic,
                                  inbox=inbox)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
-                           SpotPoolConfig(bill_scale=market.config.compression, gpus_per_node=spot.gpus_per_node))
+                           SpotPoolConfig(bill_scale=market.config.compression, gpus_per_node=spot.gpus_per_node,
+                                          no_notice=not spot.commit_on_notice))
     pool.poll(0.0)
     if not launcher.wait_ready(ready_timeout_s):
         log.warning("spot workers of the initial fleet were not ready after %.0f s; training goes on", ready_timeout_s)
@@ -363,7 +364,8 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
                                  node_affinity=True, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
                                  elastic=elastic, inbox=inbox)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
-                           SpotPoolConfig(bill_scale=bill_scale, gpus_per_node=spot.gpus_per_node))
+                           SpotPoolConfig(bill_scale=bill_scale, gpus_per_node=spot.gpus_per_node,
+                                          no_notice=not spot.commit_on_notice))
     pool.poll(0.0)
     if not launcher.wait_ready(ready_timeout_s):
         log.warning("spot workers on the cluster's spot nodes were not ready after %.0f s; training goes on",
