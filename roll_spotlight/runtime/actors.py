@@ -85,8 +85,10 @@ class TrainerActor:
         """One update (a `training.grpo.UpdateResult`), then its weights published."""
         t0 = time.time()
         result = self.core.train(outputs, prompts, group_ids, rewards, baselines, queue=self.queue)
-        self.publish()
         self._record("train", t0)
+        t0 = time.time()
+        self.publish()
+        self._record("publish", t0)
         return result
 
     def evaluate(self):

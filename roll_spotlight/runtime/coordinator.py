@@ -143,7 +143,7 @@ class Coordinator:
         return self._finish(self.last)
 
     def iteration(self, it: int) -> dict:
-        t0 = time.monotonic()
+        t0, started_at = time.monotonic(), time.time()
         specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
         stats: dict = {}
         if self._mode() == "fresh":
@@ -176,7 +176,8 @@ class Coordinator:
             self.placement.observe_training(it, report.split.spot_saved_s, report.split.spot_workers)
         return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
-                        "iteration_s": t_train - t0, "weight_version": self.backend.weight_version}
+                        "iteration_s": t_train - t0, "weight_version": self.backend.weight_version,
+                        "started_at": started_at}
 
     # --- exploration (docs/design.md section 3) ---------------------------------------------------
     def _mode(self) -> str:

@@ -111,6 +111,7 @@ class WorkerLoop:
         self._unreported = 0  # steps of finished leases whose results are not yet with the queue
         self._extended = 0.0  # time.monotonic() when the queue last extended this worker's leases
         self._last_call_s = 0.0
+        self._queue_since = 0.0  # queue round trips since the last timeline event (it carries them)
         self._micro_batches_run = 0  # in this worker's life, rounds in an SP group
 
     @property
@@ -163,6 +164,7 @@ class WorkerLoop:
             self._last_call_s = time.perf_counter() - start
             self._queue_use["calls"] += 1
             self._queue_use["queue_s"] += self._last_call_s
+            self._queue_since += self._last_call_s
 
     def _kinds(self) -> tuple[RequestKind, ...] | None:
         """What this worker leases: its kinds, less training micro-batches without a sink."""
@@ -184,6 +186,7 @@ class WorkerLoop:
             self._queue_use["empty_pulls"] += 1
             self._queue_use["idle_s"] += self._last_call_s
             self._queue_use["queue_s"] -= self._last_call_s
+            self._queue_since -= self._last_call_s
             return leases
         self._extended = time.monotonic()
         if self.group is not None and self.group.size > 1 and leases[0].request.kind is RequestKind.TRAIN:
@@ -244,7 +247,7 @@ class WorkerLoop:
         work = self.sink.work(version)
         ran, accepted = 0, False
         if not self._any(work is None):
-            self.compute.hold_version(version)
+            self._hold(version)
             ran, gradient = self.compute.gradient_sum(work, [lease.request.micro_batch for lease in leases],
                                                       self.client.worker, self._between_micro_batches, self.group)
             if self.leader:
@@ -253,8 +256,7 @@ class WorkerLoop:
             self.counters["micro_batches" if accepted else "micro_batches_refused"] += ran
             if ran < len(leases):
                 self.counters["micro_batches_released"] += self._queue_call("release")
-        self.events.append({"worker": self.name, "phase": "train", "start": t0, "end": time.time(),
-                            "micro_batches": ran, "accepted": accepted})
+        self._record("train", t0, micro_batches=ran, accepted=accepted)
 
     def _between_micro_batches(self) -> bool:
         """After each micro-batch of a sum (each round, in a group): keep the batch's leases alive
@@ -272,7 +274,7 @@ class WorkerLoop:
         t0 = time.time()
         start = lease.resume.step_index if lease.resume is not None else 0
         self._progress = (start, start)
-        self.compute.hold_version(lease.request.weight_version)
+        self._hold(lease.request.weight_version)
         should_stop = self._should_stop if self.group is None else (lambda: self.group.any(self._should_stop()))
         outcome = self.compute.rollout(lease, should_stop, self._checkpoint if self.leader else None,
                                        decode=self.leader)
@@ -285,7 +287,7 @@ class WorkerLoop:
         elif self.leader:
             self._queue_call("commit", outcome.state)
             self.counters["committed"] += 1
-        self.events.append({"worker": self.name, "phase": lease.request.kind.value, "start": t0, "end": time.time()})
+        self._record(lease.request.kind.value, t0)
         if self.leader and not isinstance(outcome, Finished):
             self._event("commit", time.time())
         return outcome
@@ -301,6 +303,19 @@ class WorkerLoop:
     def _checkpoint(self, state: InFlightState) -> None:
         self._queue_call("checkpoint", state)
         self._progress = (self._progress[0], state.step_index)
+
+    def _hold(self, version: int) -> None:
+        """The compute holds ``version``; a fetch it took is a timeline phase of its own."""
+        if version != self.compute.version:
+            t0 = time.time()
+            self.compute.hold_version(version)
+            self._record("fetch", t0)
+
+    def _record(self, phase: str, start: float, **extra) -> None:
+        """A timeline phase, with the queue round trips since the last one (``queue_s``)."""
+        queue_s, self._queue_since = self._queue_since, 0.0
+        self.events.append({"worker": self.name, "phase": phase, "start": start, "end": time.time(),
+                            "queue_s": queue_s} | extra)
 
     def _event(self, phase: str, at: float) -> None:
         self.events.append({"worker": self.name, "phase": phase, "start": at, "end": at})
