@@ -140,7 +140,7 @@ def cmd_bench(args) -> int:
     import importlib
 
     modules = {"planner": "roll_spotlight.tools.bench.planner", "regroup": "roll_spotlight.tools.bench.regroup",
-               "all": "roll_spotlight.tools.bench.suite"}
+               "emulate": "roll_spotlight.tools.bench.emulate", "all": "roll_spotlight.tools.bench.suite"}
     if args.name not in modules:
         raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
     return importlib.import_module(modules[args.name]).main(args.rest)
@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write RUN_DIR/report.md with PNG plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("bench", help="benchmarks: planner, regroup, all (every benchmark + REPORT.md)")
+    p = sub.add_parser("bench", help="benchmarks: planner, regroup, emulate (the live system on emulated GPUs), "
+                                     "all (every benchmark + REPORT.md)")
     p.add_argument("name")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)

@@ -72,6 +72,12 @@ class Emulation:
         if modelled_s > 0:
             time.sleep(modelled_s / self.time_scale)
 
+    def pacer(self) -> Pacer:
+        """A clock for one lease's phases: each ends at its modelled time from the lease's start,
+        so the worker's own overhead between steps does not add up (it would on a GPU too: the
+        host runs ahead of the device)."""
+        return Pacer(self.time_scale)
+
     def fetch_s(self) -> float:
         """A new weight version reaching this process: on the trainer's node the trainer-to-engine
         sync, on a spot node the adapters over the network."""
@@ -87,6 +93,17 @@ class Emulation:
         return self.durations.gradient_report_s(self.adapter_bytes, self.role == "spot", degree)
 
 
+class Pacer:
+    """Waits until the running total of modelled seconds, on the wall clock from its creation."""
+
+    def __init__(self, time_scale: float) -> None:
+        self.time_scale, self.due = time_scale, time.monotonic()
+
+    def wait(self, modelled_s: float) -> None:
+        self.due += modelled_s / self.time_scale
+        time.sleep(max(0.0, self.due - time.monotonic()))
+
+
 # ---------------------------------------------------------------------------------------------
 # stand-ins: deterministic, small, with the fields of real outputs
 
@@ -100,6 +117,15 @@ def _unit(*keys: int) -> np.ndarray:
 def next_latent(latent: np.ndarray, seed: int, version: int, step: int) -> np.ndarray:
     """One stand-in denoising step: a chain, so a resume from a wrong state changes the end."""
     return (0.5 * latent + _unit(seed, version, step)).astype(np.float32)
+
+
+def mismatched(output: RolloutOutput) -> bool:
+    """Does a stand-in output differ from its uninterrupted rollout (a resume from a wrong state,
+    a lost or repeated step, a wrong weight version)?"""
+    want = [_unit(output.seed, 0, -1)]
+    for k in range(len(output.latents) - 1):
+        want.append(next_latent(want[-1], output.seed, output.weight_version, k))
+    return not np.array_equal(np.stack(want), output.latents[:, 0, :])
 
 
 def prompt_key(prompt: str) -> int:
@@ -173,8 +199,9 @@ class EmulatedCompute:
         steps, seed, version = request.schedule.num_steps, request.seed, request.weight_version
         start, latents = self._resume(lease)
         step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node)
+        pacer = self.emulation.pacer()
         for k in range(start, steps):
-            self.emulation.wait(step_s)
+            pacer.wait(step_s)
             latents.append(next_latent(latents[-1], seed, version, k))
             if k + 1 < steps and should_stop():
                 state = {"latents": np.stack(latents)}
@@ -208,19 +235,19 @@ class EmulatedCompute:
         modelled time of its images at one trained step; then the sum's report to the trainer."""
         degree = 1 if group is None else group.size
         rank = 0 if group is None else group.rank
-        start, done = time.perf_counter(), 0
+        start, done, pacer = time.perf_counter(), 0, self.emulation.pacer()
         rounds = -(-len(micro_batches) // degree)
         for r in range(rounds):
             mine = r * degree + rank
             if mine < len(micro_batches):
-                self.emulation.wait(self.emulation.durations.train_micro_batch_s(len(micro_batches[mine].rows)))
+                pacer.wait(self.emulation.durations.train_micro_batch_s(len(micro_batches[mine].rows)))
             done = min(len(micro_batches), (r + 1) * degree)
             stop = should_stop() if group is None else group.any(should_stop())
             if stop and r + 1 < rounds:
                 break
         if group is not None and not group.leader:
             return done, None
-        self.emulation.wait(self.emulation.report_s(degree))
+        pacer.wait(self.emulation.report_s(degree))
         return done, stand_in_sum(work, micro_batches[:done], worker, time.perf_counter() - start)
 
 
@@ -281,6 +308,7 @@ class EmulatedTrainerCore:
                                                baselines=base), source)
         self.emulation.wait(self.emulation.durations.optimizer_step_s())
         self.weight_version += 1
+        result.metrics["emulated/mismatched_outputs"] = float(sum(map(mismatched, outputs)))
         return result
 
     def _alone(self, version: int, schedule):
@@ -439,6 +467,31 @@ def emulation_of(cfg, gpu: str, time_scale: float, adapter_bytes: float) -> Emul
                      gpus_per_node=cfg.spot.gpus_per_node)
 
 
+class LeadingSchedule:
+    """A market's events on its wall clock, with every node's NODE_UP ``lead_s`` early (a node
+    that joins later than the window start): `spot.pool.MarketSchedule` for a harness whose
+    nodes take ``lead_s`` to come up."""
+
+    def __init__(self, market, lead_s: float) -> None:
+        from roll_spotlight.spot.market import EventKind
+        from roll_spotlight.spot.pool import MarketSchedule
+
+        self._deadlines = MarketSchedule(market)
+        early = [replace(e, time_s=max(0.0, e.time_s - lead_s)) if e.kind is EventKind.NODE_UP and e.time_s > 0
+                 else e for e in market.events]
+        self._events = sorted(early, key=lambda e: e.time_s)
+        self._next = 0
+
+    def due(self, now: float) -> list:
+        start = self._next
+        while self._next < len(self._events) and self._events[self._next].time_s <= now:
+            self._next += 1
+        return self._events[start:self._next]
+
+    def deadline(self, node_id: str) -> float | None:
+        return self._deadlines.deadline(node_id)
+
+
 class TraceRaylets:
     """The spot nodes of an emulated run: raylets of a one-machine cluster (`tools.local_cluster`)
     that the run's spot trace starts, drains through the notice bridge and kills, at the
@@ -449,6 +502,10 @@ class TraceRaylets:
     trace and ends every process of the cluster."""
 
     POLL_S = 0.1
+    # wall seconds a raylet takes from `ray start` to registering on a 2-core machine (measured:
+    # docs/cluster.md); a joining node's raylet starts this much ahead of its trace time, so the
+    # run sees it join on time rather than this x the time-scale later
+    RAYLET_START_S = 5.0
 
     def __init__(self, spot, ondemand_gpus: int, time_scale: float) -> None:
         from roll_spotlight.runtime.spot_pool import training_market
@@ -464,11 +521,13 @@ class TraceRaylets:
         from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
 
         provider = self.market.trace.provider
+        # raylets on a busy machine miss heartbeats: declare one dead after 9 s of silence, not 3
         config = LocalClusterConfig(gpus_per_node=self.spot.gpus_per_node, ondemand_gpus=self.ondemand_gpus,
-                                    provider=provider, notice_s=self.market.notice_s)
+                                    provider=provider, notice_s=self.market.notice_s, health_check_period_ms=3000)
         self.cluster = LocalCluster(config).__enter__()
         try:
             self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time())
+            self.driver.schedule = LeadingSchedule(self.market, self.RAYLET_START_S)
             self.driver.tick(0.0)  # the window's initial fleet, before the run's pool looks
             self.cluster.wait_registered(list(self.cluster.nodes))
         except BaseException:

@@ -31,7 +31,7 @@ def write_report(result: Mapping[str, Any], out_dir: Path) -> Path:
     figures = _figures(result, sims, estimates, out_dir)
     shapes = _shapes(result)
     sections = [_header(result), _goals_section(estimates, result), _headline_section(estimates, shapes, result),
-                _spot_training_section(result, shapes), _budget_section(result, shapes),
+                _spot_training_section(result, shapes), _emulated_section(result), _budget_section(result, shapes),
                 _to_target_section(estimates, shapes, figures), _utilisation_section(result, shapes, figures),
                 _extra_traces_section(result), _studies_section(result),
                 _convergence_section(result, figures), _mechanism_section(result, figures),
@@ -110,8 +110,10 @@ def _header(result) -> str:
             f"{result.get('wall_s', 0.0) / 60:.1f} min.\n\n"
             "Every number is labelled: **MEASURED** (on this machine: mechanism benchmarks, learning on the "
             "tiny task on CPU), **SIMULATED** (cluster time and cost from the cost model and a real spot "
-            "trace; every constant names its source, see the table near the end), or **PAPER** (the figures "
-            f"of the Spotlight abstract, {PAPER_CLAIMS['time_to_target'].source}; only the abstract is public).")
+            "trace; every constant names its source, see the table near the end), **EMULATED** (the live system "
+            "on this machine, every compute phase waiting the cost model's duration: `spotlight bench emulate`), "
+            f"or **PAPER** (the figures of the Spotlight abstract, {PAPER_CLAIMS['time_to_target'].source}; only "
+            "the abstract is public).")
 
 
 def _goals_section(estimates, result) -> str:
@@ -551,6 +553,50 @@ def _mechanism_section(result, figs) -> str:
         lines += ["", f"Not run in this mode: {', '.join(skipped)}."]
     lines += ["", _img(figs, "regroup", "regroup")]
     return "\n".join(lines)
+
+
+EMULATED_TARGETS = {"8+8 512": 1.8, "4+8 512": 2.5}  # spot training vs vanilla, per iteration
+
+
+def _emulated_section(result) -> str:
+    """The live system on emulated GPUs beside the simulator, per row and system (EMULATED)."""
+    emu = result.get("emulated")
+    if not emu or not emu.get("rows"):
+        return ""
+    lines = [f"## The live system on emulated GPUs (EMULATED, `spotlight bench emulate`, {emu['gpu']})", "",
+             "Real queue, workers, trainer, spot pool and notice bridge on this machine; spot nodes are raylets "
+             f"that one window of `{emu['trace']}` starts, drains and kills; every compute phase waits the cost "
+             "model's duration divided by the row's time-scale; times are scaled back. Per iteration: iterations "
+             f"2..{emu['iterations']} (the first loads weights). The simulator ran the same shape, window and seed.",
+             "", "| row | system | time-scale | EMULATED s/it | SIMULATED s/it | ratio | EMULATED $/it | SIMULATED $/it "
+             "| preemptions | regroups | lost / duplicated / mismatched | compute / queue / fetch+publish / idle |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in emu["rows"]:
+        e, c = r["emulated"], r["emulated"]["counters"]
+        sh = e["control_plane"]["shares"]
+        fetch = sh.get("weight fetches", 0.0) + sh.get("publish", 0.0)
+        lost = f"{c['spot/requests_failed']:g} / {c['spot/duplicate_completions']:g} / {c['mismatched_outputs']:g}"
+        lines.append(f"| {r['row']['name']} | {r['system']} | {r['row']['time_scale']:g} | "
+                     f"{e['time_per_iteration_s']:.1f} | {r['simulated']['time_per_iteration_s']:.1f} | {r['ratio']:.2f} | "
+                     f"{e['cost_per_iteration_usd']:.2f} | {r['simulated']['cost_per_iteration_usd']:.2f} | "
+                     f"{c['spot/preemptions']:g} | {c['spot/regroups']:g} | {lost} | "
+                     f"{sh.get('compute', 0):.0%} / {sh.get('queue calls', 0):.0%} / {fetch:.0%} / {sh.get('idle', 0):.0%} |")
+    return "\n".join(lines + ["", *_emulated_targets(emu)])
+
+
+def _emulated_targets(emu) -> list[str]:
+    """Spot training against vanilla per iteration, emulated and simulated, against the targets."""
+    by = {(r["row"]["name"], r["system"]): r for r in emu["rows"]}
+    out = []
+    for row, target in EMULATED_TARGETS.items():
+        if (row, "vanilla") in by and (row, "spotlight_train") in by:
+            van, train = by[(row, "vanilla")], by[(row, "spotlight_train")]
+            emulated = van["emulated"]["time_per_iteration_s"] / train["emulated"]["time_per_iteration_s"]
+            simulated = van["simulated"]["time_per_iteration_s"] / train["simulated"]["time_per_iteration_s"]
+            verdict = "met" if emulated >= target else "MISSED"
+            out.append(f"- {row}: spot training is {emulated:.2f}x vanilla per iteration EMULATED "
+                       f"({simulated:.2f}x SIMULATED); target {target}x: {verdict}.")
+    return out
 
 
 def _cost_model_section(result) -> str:

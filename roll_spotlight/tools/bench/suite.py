@@ -86,6 +86,8 @@ class SuiteConfig:
     other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE, SPOT_HEAVY_SHAPE)
     fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.budget) in every shape
     mechanisms_json: Path | None = None          # reuse the mechanism results of a saved bench_all.json
+    emulate_json: Path | None = None             # reuse a saved `spotlight bench emulate` result (EMULATED rows)
+    emulate: bool = True                         # else run it (about 30 min); never in a smoke run
     studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
     rank_vs_steps_json: Path | None = RANK_VS_STEPS_JSON  # the cheap-exploration study, quoted in the report
 
@@ -142,14 +144,27 @@ def run_suite(cfg: SuiteConfig) -> dict:
     conv = _stage(stages, "convergence", lambda: _convergence(cfg))
     studies = _stage(stages, "saved convergence studies",
                      lambda: saved_studies(cfg.studies_dir, cfg.convergence_json) if cfg.studies_dir else [])
+    wants_emulation = cfg.emulate_json is not None or (cfg.emulate and not cfg.smoke)
+    emulated = _stage(stages, "emulated cluster shapes", lambda: _emulated(cfg)) if wants_emulation else None
     result = {"kind": "measured (mechanisms, convergence) and simulated (cluster time and cost)",
               "smoke": cfg.smoke, "command": _command_line(), "config": _config_dict(cfg),
-              "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies,
+              "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies, "emulated": emulated,
               "cheap_exploration": cheap_exploration(cfg.rank_vs_steps_json),
               "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
     report = write_report(result, cfg.out_dir)
     result["report"] = str(report)
     (cfg.out_dir / "bench_all.json").write_text(json.dumps(_strip_timelines(result), indent=2, default=str))
+    return result
+
+
+def _emulated(cfg: SuiteConfig) -> dict:
+    """`spotlight bench emulate`'s result: a saved one, or a fresh run."""
+    if cfg.emulate_json is not None:
+        return json.loads(Path(cfg.emulate_json).read_text())
+    from roll_spotlight.tools.bench.emulate import EmulateBenchConfig, run_bench
+
+    result = run_bench(EmulateBenchConfig())
+    (cfg.out_dir / "emulate.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -414,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="second simulated cluster shape, the paper's (default 4 reserved, priced on-demand, + 8 spot)")
     p.add_argument("--spot-heavy-shape", type=int, nargs=2, default=None, metavar=("ONDEMAND", "SPOT"),
                    help="third simulated cluster shape, mostly spot GPUs (default 2 on-demand + 14 spot)")
+    p.add_argument("--emulate-json", type=Path, default=None,
+                   help="reuse a saved `spotlight bench emulate` JSON (benchmarks/results/emulate.json)")
     p.add_argument("--mechanisms-json", type=Path, default=None,
                    help="reuse the mechanism results of a saved bench_all.json instead of measuring them again "
                         "(those it lacks are run)")
@@ -446,7 +463,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
     changes: dict[str, Any] = {"convergence": conv, "convergence_json": tuple(args.convergence_json or ()),
                                "mechanisms": tuple(m for m in base.mechanisms if m not in args.skip)}
-    for key in ("ondemand", "spot", "traces_root", "mechanisms_json"):
+    for key in ("ondemand", "spot", "traces_root", "mechanisms_json", "emulate_json"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
     given = {"paper": args.paper_shape, "spot-heavy": args.spot_heavy_shape}
