@@ -191,7 +191,7 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
     import ray
 
     from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
     from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import RolloutWorker

@@ -49,7 +49,7 @@ def _specs(steps: list[int]) -> list[RequestSpec]:
 
 
 def _queue(pull_batch: int):
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     return create_queue_actor(QueueConfig(lease_s=TIMEOUT_S, pull_batch=pull_batch))
 

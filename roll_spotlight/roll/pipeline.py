@@ -106,7 +106,7 @@ class SpotlightPipeline(BasePipeline):
         cfg = self.pipeline_config
         if cfg.dispatch.mode == "static":
             return StaticDispatch(self.actor_infer, cfg.elastic.sp_degree)
-        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
         self.inbox = self.start_queue_training(queue) if self.run_config.spot_trains() else None

@@ -205,7 +205,7 @@ class RolloutWorker:
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
                  commit_every: int = 0, kinds=None, sp=None, group_name: str | None = None,
                  heartbeat_s: float = 5.0, inbox=None, faults=None):
-        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.dispatch.queue_actor import QueueClient
         from roll_spotlight.runtime.worker_loop import Signals, WorkerLoop
 
         _torch_setup(threads)
@@ -255,7 +255,7 @@ class RolloutWorker:
         return self.stats()
 
     def _set_group(self, sp, group_name: str | None) -> None:
-        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.dispatch.queue_actor import QueueClient
 
         self.sp = sp
         self.loop.client = QueueClient(self.loop.client.handle, group_name or self.name)

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import ray
 
-from roll_spotlight.dispatch.actor import QueueClient
+from roll_spotlight.dispatch.queue_actor import QueueClient
 from roll_spotlight.dispatch.requests import Lease, RequestResult, RequestSpec, Schedule
 from roll_spotlight.runtime.compute import ModelCompute
 from roll_spotlight.runtime.reports import TRAINER

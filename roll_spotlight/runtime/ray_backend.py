@@ -120,7 +120,7 @@ class RayBackend:
     def __init__(self, cfg: RunConfig, policy_path: str | Path, cluster: RayClusterConfig | None = None, *,
                  run_dir: str | Path | None = None, spot_market=None, spot_clock: Callable[[], float] | None = None,
                  spot_worker_kwargs: Callable[[str], Mapping[str, object]] | None = None):
-        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.weights import WeightStore
 
         self.cluster = cluster or RayClusterConfig()
