@@ -11,7 +11,7 @@ from roll_spotlight.exploration.adaptive import (
     round_contrast,
 )
 from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
-from roll_spotlight.exploration.planner import (
+from roll_spotlight.exploration.bandit import (
     BanditPlanner,
     OraclePlanner,
     PlannerConfig,
