@@ -2,7 +2,7 @@
 
 Modules (import them directly; this package imports nothing heavy so the pure planner stays cheap):
 
-- ``planner``: pure mapping of live GPUs to SP groups of valid degrees with the fewest moves.
+- ``group_plan``: pure mapping of live GPUs to SP groups of valid degrees with the fewest moves.
 - ``ulysses``: Ulysses attention processor + hooks for diffusers' ``QwenImageTransformer2DModel``.
 - ``comm``: collectives on an explicit (possibly raw) process group; generation-prefixed groups.
 - ``rendezvous``: where group members meet (a private file store on one host, TCP across hosts).
