@@ -139,7 +139,7 @@ def cmd_bench(args) -> int:
     """Mechanism benchmarks; each prints JSON (measured on this machine)."""
     import importlib
 
-    modules = {"planner": "roll_spotlight.tools.bench.planner", "regroup": "roll_spotlight.tools.bench.regroup",
+    modules = {"planner": "roll_spotlight.tools.bench.planner_bench", "regroup": "roll_spotlight.tools.bench.regroup",
                "all": "roll_spotlight.tools.bench.suite"}
     if args.name not in modules:
         raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
