@@ -38,7 +38,7 @@ from roll_spotlight.config.cluster import RayClusterConfig
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.loopback import set_loopback_env
 from roll_spotlight.models.source import worker_gpus
-from roll_spotlight.placement import on_driver_node
+from roll_spotlight.driver_node import on_driver_node
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.runtime.emulated import Emulation
 from roll_spotlight.runtime.reports import UpdateReport, update_report

@@ -26,7 +26,7 @@ class WeightStore:
     @classmethod
     def create(cls, keep: int = 2, *, name: str | None = None) -> WeightStore:
         """Start the owning :class:`WeightStoreActor` (see its module for why an actor owns)."""
-        from roll_spotlight.placement import on_driver_node
+        from roll_spotlight.driver_node import on_driver_node
 
         options = ({} if name is None else {"name": name}) | on_driver_node()  # never on a spot node
         return cls(WeightStoreActor.options(**options).remote(keep))
