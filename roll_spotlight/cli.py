@@ -114,7 +114,7 @@ def _check_only(cfg, args) -> int:
 
 def cmd_quickstart(args) -> int:
     """Pretrain (or load) the tiny base, train on Ray with the quickstart config, write the report."""
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
@@ -129,7 +129,7 @@ def cmd_quickstart(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     print(write_report(Path(args.run_dir)))
     return 0
