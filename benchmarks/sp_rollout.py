@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from roll_spotlight.models import build_policy, save_policy
     from roll_spotlight.runtime.sp_group import check_sp_degree
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     args = parse_args(argv)
     cfg = _config(args.image_size)

@@ -419,7 +419,7 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
     from roll_spotlight.dispatch.requests import Lease
     from roll_spotlight.runtime.executor import RolloutExecutor
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     ray, cfg = ray_cluster, _cfg()
     torch.manual_seed(0)

@@ -39,7 +39,7 @@ def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
     from roll_spotlight.runtime.executor import RolloutExecutor, stack_outputs
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.rewards.configured import configured_reward
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
     from roll_spotlight.flow_grpo import sigma_schedule
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)

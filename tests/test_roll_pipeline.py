@@ -259,7 +259,7 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.runtime.executor import RolloutExecutor
     from roll_spotlight.runtime.trainer_core import TrainerCore
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     policy = prepare_policy(load_tiny_policy(base_path)[0], policy_setup(run_cfg))
     policy.load_published_state(before)
