@@ -192,7 +192,7 @@ PASSTHROUGH = {
     "soak": ("roll_spotlight.tools.soak", "replay a spot trace for M minutes, repeating it (measured)"),
     "cluster-soak": ("roll_spotlight.tools.cluster_soak",
                      "a spot trace driving real raylets on this machine (measured)"),
-    "notice-agent": ("roll_spotlight.tools.notice_agent", "drain this Ray node on its cloud's preemption notice"),
+    "notice-agent": ("roll_spotlight.cluster.notice_agent", "drain this Ray node on its cloud's preemption notice"),
     "compare": ("roll_spotlight.tools.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
 }
 

@@ -413,8 +413,8 @@ def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
 
 def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None) -> None:
     """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
-    process each, and a raylet per spot node (`tools.local_cluster`)."""
-    from roll_spotlight.tools.local_cluster import HEAD_MB, NODE_BASE_MB, available_memory_mb
+    process each, and a raylet per spot node (`cluster.local_cluster`)."""
+    from roll_spotlight.cluster.local_cluster import HEAD_MB, NODE_BASE_MB, available_memory_mb
 
     ondemand, nodes = gpus
     per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
@@ -440,7 +440,7 @@ def emulation_of(cfg, gpu: str, time_scale: float, adapter_bytes: float) -> Emul
 
 
 class TraceRaylets:
-    """The spot nodes of an emulated run: raylets of a one-machine cluster (`tools.local_cluster`)
+    """The spot nodes of an emulated run: raylets of a one-machine cluster (`cluster.local_cluster`)
     that the run's spot trace starts, drains through the notice bridge and kills, at the
     emulation's time-scale; the run follows them as a real cluster (``spot.source: cluster``).
 
@@ -461,7 +461,7 @@ class TraceRaylets:
         self.error: BaseException | None = None
 
     def __enter__(self) -> TraceRaylets:
-        from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
+        from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
 
         provider = self.market.trace.provider
         config = LocalClusterConfig(gpus_per_node=self.spot.gpus_per_node, ondemand_gpus=self.ondemand_gpus,
