@@ -65,9 +65,10 @@ def _leases(n: int, steps: int):
 def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: dict, out) -> None:
     import torch
 
+    from roll_spotlight.elastic.rendezvous import SPMembership
     from roll_spotlight.models.source import load_policy
     from roll_spotlight.runtime.executor import RolloutExecutor
-    from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup
+    from roll_spotlight.runtime.sp_group import SPRolloutGroup
 
     torch.set_num_threads(1)
     policy = load_policy(policy_file)

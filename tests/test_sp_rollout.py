@@ -17,11 +17,11 @@ import torch
 from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
 from roll_spotlight.dispatch.requests import Lease, Request
 from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
-from roll_spotlight.elastic.rendezvous import RendezvousHost
+from roll_spotlight.elastic.rendezvous import RendezvousHost, SPMembership, group_memberships
 from roll_spotlight.elastic.ulysses import is_ulysses_applied
 from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
 from roll_spotlight.runtime.faults import FaultPlan
-from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup, check_sp_degree, group_memberships
+from roll_spotlight.runtime.sp_group import SPRolloutGroup, check_sp_degree
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
 
 pytestmark = pytest.mark.dist

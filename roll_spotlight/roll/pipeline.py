@@ -70,7 +70,8 @@ class SpotlightPipeline(BasePipeline):
     def form_sp_groups(self):
         """With ``elastic.sp_degree`` > 1, the actor_infer ranks join SP groups of consecutive ranks
         (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
-        from roll_spotlight.runtime.sp_group import group_memberships, open_rendezvous
+        from roll_spotlight.elastic.rendezvous import group_memberships
+        from roll_spotlight.runtime.sp_group import open_rendezvous
 
         sp = self.pipeline_config.elastic.sp_degree
         if sp == 1:

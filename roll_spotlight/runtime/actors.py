@@ -190,7 +190,7 @@ class RolloutWorker:
     (queue training) it computes micro-batches of updates too. ``faults`` is deterministic
     failure injection for tests (`runtime.faults`); `wait_held()` returns once it parked.
 
-    `sp` (a `runtime.sp_group.SPMembership`) makes the worker one rank of an SP rollout group:
+    `sp` (an `elastic.rendezvous.SPMembership`) makes the worker one rank of an SP rollout group:
     `serve()` first joins the group, then the group serves as one worker under ``group_name``,
     its leader's (rank 0) name in the queue. Regroups (driven by `elastic.groups.ElasticGroups`):
     `leave_group()` makes the worker's group commit after the step in hand and return from

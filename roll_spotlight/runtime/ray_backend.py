@@ -202,7 +202,7 @@ class RayBackend:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from roll_spotlight.runtime.sp_group import group_memberships
+        from roll_spotlight.elastic.rendezvous import group_memberships
 
         gpus = worker_gpus(self._path)
         bundle = {resource: 1.0, **({"GPU": float(gpus)} if gpus else {})}
