@@ -66,8 +66,8 @@ def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: 
     import torch
 
     from roll_spotlight.elastic.rendezvous import SPMembership
-    from roll_spotlight.models.source import load_policy
     from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.runtime.policy_source import load_policy
     from roll_spotlight.runtime.sp_group import SPRolloutGroup
 
     torch.set_num_threads(1)

@@ -563,9 +563,9 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
     from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.training.grpo import FlowGRPOTrainer
     from roll_spotlight.weights import WeightStore
@@ -626,8 +626,8 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.spot import NodeEvent
     from roll_spotlight.training.grpo import FlowGRPOTrainer

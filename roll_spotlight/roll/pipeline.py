@@ -135,7 +135,7 @@ class SpotlightPipeline(BasePipeline):
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
-        from roll_spotlight.models.source import policy_setup, policy_source
+        from roll_spotlight.runtime.policy_source import policy_setup, policy_source
         from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
         cfg = self.pipeline_config

@@ -1,6 +1,6 @@
 """Ray actors of the runtime: trainer, rollout workers, reward workers.
 
-What each starts from is a *policy source* (`models.source`), or an `runtime.emulated.Emulation`
+What each starts from is a *policy source* (`runtime.policy_source`), or an `runtime.emulated.Emulation`
 (emulated GPUs: the same actors with every compute phase waiting its calibrated duration).
 
 Simulated GPUs are Ray custom resources: on-demand actors ask for `ondemand_gpu`, spot actors for
@@ -16,7 +16,7 @@ import time
 
 import ray
 
-from roll_spotlight.models.source import load_policy
+from roll_spotlight.runtime.policy_source import load_policy
 
 log = logging.getLogger(__name__)
 ONDEMAND, SPOT = "ondemand_gpu", "spot_gpu"

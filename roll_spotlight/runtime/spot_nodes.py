@@ -100,8 +100,8 @@ class RayWorkerLauncher:
         return [] if self.groups is None else self.groups.reports
 
     def start(self, name: str, node_id: str) -> None:
-        from roll_spotlight.models.source import worker_gpus
         from roll_spotlight.runtime.actors import RolloutWorker
+        from roll_spotlight.runtime.policy_source import worker_gpus
 
         options: dict[str, object] = {"resources": {self.resource: 1}, "num_gpus": worker_gpus(self.policy_path)}
         if self.node_affinity:
