@@ -41,10 +41,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def measure(provider: str, repeats: int, watch_s: float, timeout_s: float, rng: random.Random) -> dict:
     import ray
 
+    from roll_spotlight.cluster.local_cluster import SPOT_RESOURCE, LocalCluster, LocalClusterConfig
     from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, has_spot_resource
     from roll_spotlight.spot.market import EventKind
     from roll_spotlight.spot.notices import ProviderConfig
-    from roll_spotlight.cluster.local_cluster import SPOT_RESOURCE, LocalCluster, LocalClusterConfig
 
     poll_s = ProviderConfig().poll_s  # the agent's default, as deployed
     config = LocalClusterConfig(gpus_per_node=1, provider=provider, notice_s=60.0, agent_poll_s=poll_s)

@@ -59,8 +59,8 @@ def fresh_policy(cfg, base, updates: int, first_iteration: int):
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
-    from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
     from roll_spotlight.training.prompt_pools import train_pool
+    from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
 
     policy = copy.deepcopy(base)
     trainer, pool, reward = FlowGRPOTrainer(policy, cfg.train), train_pool(cfg.task), configured_reward(cfg.reward)
@@ -111,8 +111,8 @@ def run(config: str, overrides: list[str], prompts_n: int, seeds_m: int, steps: 
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.exploration_round import explore_schedule
     from roll_spotlight.training.pretrain import load_or_pretrain
-    from roll_spotlight.training.sampling import choose_window
     from roll_spotlight.training.prompt_pools import draw_seeds, train_pool
+    from roll_spotlight.training.sampling import choose_window
 
     cfg = load_config(RunConfig, config, overrides)
     t_start = time.monotonic()

@@ -190,8 +190,8 @@ def start_workers(count: int, processes: int) -> list:
 
 
 def make_queue(args: argparse.Namespace, journal_dir: str | None, tag: str):
-    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.dispatch.queue import QueueConfig
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     journal = None if journal_dir is None else os.path.join(journal_dir, tag)
     return create_queue_actor(QueueConfig(pull_batch=args.pull_batch), journal=journal)

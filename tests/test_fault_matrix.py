@@ -456,8 +456,8 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
 def test_queue_journal_rebuilds_the_queue_exactly(tmp_path, compact_every):
     """Tier 1 for the queue row: a second server on the same journal has the same requests,
     leases, counters and results as the first, with any compaction period and a torn last record."""
-    from roll_spotlight.dispatch.queue_actor import QueueServer
     from roll_spotlight.dispatch.journal import JournalConfig
+    from roll_spotlight.dispatch.queue_actor import QueueServer
     from roll_spotlight.dispatch.requests import InFlightState, RequestKind, RequestSpec, Schedule
 
     journal = JournalConfig(str(tmp_path / "q"), compact_every=compact_every)

@@ -66,8 +66,8 @@ def check_machine(cfg: TraceRunConfig, available_mb: float | None = None) -> Non
 def run_cluster_soak(cfg: TraceRunConfig, trace: Trace | None = None, *, worker_kwargs=None) -> dict:
     """The whole cluster soak; returns the JSON report (see the module docstring).
     ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `runtime.faults.FaultPlan`)."""
-    from roll_spotlight.tools import replay
     from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
+    from roll_spotlight.tools import replay
     from roll_spotlight.tools.soak import RssSampler, tiled_market
 
     if ray_is_initialized():

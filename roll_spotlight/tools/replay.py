@@ -212,8 +212,8 @@ class _Runtime:
     def __init__(self, cfg: TraceRunConfig, policy_dir: Path) -> None:
         import ray
 
-        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.dispatch.queue import QueueConfig
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
         from roll_spotlight.runtime.ray_backend import init_ray
         from roll_spotlight.weights import WeightStore

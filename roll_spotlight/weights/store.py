@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import ray
 import torch
 
-from roll_spotlight.weights.store_actor import WeightStoreActor
 from roll_spotlight.weights.codec import numpy_to_state_dict, state_dict_to_numpy
+from roll_spotlight.weights.store_actor import WeightStoreActor
 
 
 class WeightStore:
