@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def measure(provider: str, repeats: int, watch_s: float, timeout_s: float, rng: random.Random) -> dict:
     import ray
 
-    from roll_spotlight.cluster.local_cluster import SPOT_RESOURCE, LocalCluster, LocalClusterConfig
+    from roll_spotlight.cluster.local_cluster import LocalCluster, LocalClusterConfig
+    from roll_spotlight.config.run import SPOT_RESOURCE
     from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, has_spot_resource
     from roll_spotlight.spot.market import EventKind
     from roll_spotlight.spot.notices import ProviderConfig

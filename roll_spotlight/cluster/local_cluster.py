@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
 from roll_spotlight.config.strict import require_choice, require_int
 from roll_spotlight.spot.market import EventKind, SpotMarket
 from roll_spotlight.spot.notices import PROVIDERS
@@ -52,7 +53,7 @@ from roll_spotlight.spot.pool import MarketSchedule
 log = logging.getLogger(__name__)
 
 LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
-SPOT_RESOURCE, ONDEMAND_RESOURCE, SPOT_LABEL = "spot_gpu", "ondemand_gpu", "spot=true"
+SPOT_LABEL = "spot=true"
 # Memory (RSS) of a spot node: `ray start`, raylet, dashboard and runtime-env agents and the
 # notice agent (NODE_BASE_MB), plus one rollout worker (torch + the tiny policy) per GPU; the head
 # with the driver and the on-demand worker take HEAD_MB. Sized from a soak's peak (docs/cluster.md).

@@ -16,10 +16,11 @@ import time
 
 import ray
 
+from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
 from roll_spotlight.runtime.policy_source import load_policy
 
 log = logging.getLogger(__name__)
-ONDEMAND, SPOT = "ondemand_gpu", "spot_gpu"
+ONDEMAND, SPOT = ONDEMAND_RESOURCE, SPOT_RESOURCE  # the Ray resources on-demand and spot actors ask for
 
 
 def _torch_setup(threads: int) -> None:

@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from roll_spotlight.config.run import SPOT_RESOURCE
 from roll_spotlight.spot.market import EventKind, MarketEvent
 
 log = logging.getLogger(__name__)
 
-SPOT_RESOURCE = "spot_gpu"
 MARKET_TYPE_LABEL = "ray.io/market-type"
 ZONE_LABEL = "ray.io/availability-zone"
 SPOT_LABEL = "spot"
