@@ -16,7 +16,7 @@ $(VENV)/.torch:
 	$(PIP) install -q torch==2.13.0
 	touch $@
 
-$(VENV)/.installed-%: $(VENV)/.torch setup.py
+$(VENV)/.installed-%: $(VENV)/.torch setup.py roll_spotlight/plugins.py  # plugins.py: the entry points
 	$(PIP) install -q -e ".[$*]"
 	touch $@
 

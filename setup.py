@@ -3,34 +3,36 @@
 Dependency ranges are chosen to install next to ROLL v0.3.0's ``requirements_common.txt``
 (ray==2.48.0, numpy<2). torch is deliberately left unpinned: ROLL users bring their own build.
 """
+import ast
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 TEST_REQUIRES = ["pytest>=7.4", "hypothesis>=6.80", "scipy>=1.10"]
+
+
+def plugin_entry_points() -> dict[str, list[str]]:
+    """The plugin groups as entry points, from their one home: ``BUILTINS`` of roll_spotlight/plugins.py.
+
+    The table is read with ``ast``, not imported: torch, ray and ROLL need not be importable when
+    the package is built.
+    """
+    plugins = Path(__file__).resolve().parent / "roll_spotlight" / "plugins.py"
+    tree = ast.parse(plugins.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "BUILTINS":
+            table = ast.literal_eval(node.value.args[0])  # MappingProxyType({group: {name: target}})
+            return {group: [f"{name} = {target}" for name, target in names.items()]
+                    for group, names in table.items()}
+    raise RuntimeError("roll_spotlight/plugins.py defines no BUILTINS table")
+
 
 ENTRY_POINTS = {
     "console_scripts": [
         "spotlight = roll_spotlight.cli:main",
         "spotlight-roll = roll_spotlight.launch:main",
     ],
-    "roll_spotlight.rewards": [
-        "shapes = roll_spotlight.rewards.shapes:ShapesReward",
-        "ocr = roll_spotlight.rewards.ocr:OcrReward",
-        "geneval = roll_spotlight.rewards.geneval:GenevalReward",
-        "pickscore = roll_spotlight.rewards.pickscore:PickScoreReward",
-        "jpeg_compressibility = roll_spotlight.rewards.jpeg:JpegCompressibility",
-        "brightness = roll_spotlight.rewards.jpeg:MeanBrightness",
-    ],
-    "roll_spotlight.pipelines": ["spotlight = roll_spotlight.roll.pipeline:SpotlightPipeline"],
-    "roll_spotlight.workers": [
-        "dit_trainer = roll_spotlight.roll.workers:DiTTrainerWorker",
-        "dit_rollout = roll_spotlight.roll.workers:DiTRolloutWorker",
-        "dit_reward = roll_spotlight.roll.workers:DiTRewardWorker",
-    ],
-    "roll_spotlight.strategies": [
-        "diffusers_train = roll_spotlight.roll.strategy:DiffusersTrainStrategy",
-        "diffusers_rollout = roll_spotlight.roll.strategy:DiffusersRolloutStrategy",
-    ],
-    "roll_spotlight.schedulers": ["pull_queue = roll_spotlight.dispatch.queue:RequestQueue"],
+    **plugin_entry_points(),
 }
 
 setup(

@@ -1,6 +1,6 @@
 """Notice bridge latency: from the provider's answer changing to the drain being visible to the driver.
 
-For each provider, a local cluster (``roll_spotlight.tools.local_cluster``: a head and
+For each provider, a local cluster (``roll_spotlight.cluster.local_cluster``: a head and
 ``--repeats`` spot raylets, each kept busy by an actor so a drain does not end it at once, each with
 its notice agent at the agent's default poll interval) and a driver whose ``RayNodeWatcher`` polls
 every ``--watch-s``. One node per repeat (a drained node cannot be undrained): at a random phase
@@ -41,10 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def measure(provider: str, repeats: int, watch_s: float, timeout_s: float, rng: random.Random) -> dict:
     import ray
 
+    from roll_spotlight.cluster.local_cluster import LocalCluster, LocalClusterConfig
+    from roll_spotlight.config.run import SPOT_RESOURCE
     from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, has_spot_resource
     from roll_spotlight.spot.market import EventKind
     from roll_spotlight.spot.notices import ProviderConfig
-    from roll_spotlight.tools.local_cluster import SPOT_RESOURCE, LocalCluster, LocalClusterConfig
 
     poll_s = ProviderConfig().poll_s  # the agent's default, as deployed
     config = LocalClusterConfig(gpus_per_node=1, provider=provider, notice_s=60.0, agent_poll_s=poll_s)

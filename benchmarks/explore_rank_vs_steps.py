@@ -11,7 +11,7 @@ cheaper explorer affords a larger pool. Here, on the configs' cached base:
 - stale policy: the base; fresh policy: the base after `--updates` Flow-GRPO updates, each on one
   iteration's batch (what a run does between exploring and regenerating);
 - N prompts x M seeds, rewards of the fresh policy with the rollouts' schedule (the reference), and
-  of the stale policy with each explore schedule (`runtime.exploration.explore_schedule`: SDE with
+  of the stale policy with each explore schedule (`runtime.exploration_round.explore_schedule`: SDE with
   the window rescaled, or ODE) at 2, 4, 6 and the full steps;
 - per schedule: Spearman of stale against fresh rewards within each prompt (averaged over prompts
   where both sides vary), and what selection keeps: the fresh reward std of the group_size seeds
@@ -59,8 +59,8 @@ def fresh_policy(cfg, base, updates: int, first_iteration: int):
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
+    from roll_spotlight.training.prompt_pools import train_pool
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
-    from roll_spotlight.training.tasks import train_pool
 
     policy = copy.deepcopy(base)
     trainer, pool, reward = FlowGRPOTrainer(policy, cfg.train), train_pool(cfg.task), configured_reward(cfg.reward)
@@ -109,10 +109,10 @@ def run(config: str, overrides: list[str], prompts_n: int, seeds_m: int, steps: 
     from roll_spotlight.config.strict import load_config
     from roll_spotlight.dispatch.requests import Schedule
     from roll_spotlight.rewards.configured import configured_reward
-    from roll_spotlight.runtime.exploration import explore_schedule
+    from roll_spotlight.runtime.exploration_round import explore_schedule
     from roll_spotlight.training.pretrain import load_or_pretrain
+    from roll_spotlight.training.prompt_pools import draw_seeds, train_pool
     from roll_spotlight.training.sampling import choose_window
-    from roll_spotlight.training.tasks import draw_seeds, train_pool
 
     cfg = load_config(RunConfig, config, overrides)
     t_start = time.monotonic()

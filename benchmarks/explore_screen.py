@@ -70,8 +70,8 @@ def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baseli
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.evaluate import evaluate
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
+    from roll_spotlight.training.prompt_pools import draw_seeds, train_pool
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
-    from roll_spotlight.training.tasks import draw_seeds, train_pool
 
     g = cfg.train.group_size
     it = 200_000 + r
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     from roll_spotlight.config.strict import load_config
     from roll_spotlight.startup import set_threads
     from roll_spotlight.training.pretrain import load_or_pretrain
-    from roll_spotlight.training.tasks import validation_set
+    from roll_spotlight.training.prompt_pools import validation_set
 
     set_threads(args.threads)
     cfg = load_config(RunConfig, args.config, args.override)

@@ -178,7 +178,7 @@ def start_workers(count: int, processes: int) -> list:
             """Each puller (a thread) runs ``pull_loop``; returns every round trip's seconds."""
             from concurrent.futures import ThreadPoolExecutor
 
-            from roll_spotlight.dispatch.actor import QueueClient
+            from roll_spotlight.dispatch.queue_actor import QueueClient
 
             with ThreadPoolExecutor(len(self.names)) as pool:
                 loops = pool.map(lambda name: pull_loop(QueueClient(queue, name), quota, batch), self.names)
@@ -190,8 +190,8 @@ def start_workers(count: int, processes: int) -> list:
 
 
 def make_queue(args: argparse.Namespace, journal_dir: str | None, tag: str):
-    from roll_spotlight.dispatch.actor import create_queue_actor
     from roll_spotlight.dispatch.queue import QueueConfig
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     journal = None if journal_dir is None else os.path.join(journal_dir, tag)
     return create_queue_actor(QueueConfig(pull_batch=args.pull_batch), journal=journal)
@@ -221,7 +221,7 @@ def time_idle_roundtrip_ms(calls: int, batch: int) -> float:
     it (two calls) at ``batch`` 1, else one ``complete_and_pull`` of ``batch`` requests."""
     import ray
 
-    from roll_spotlight.dispatch.actor import QueueClient, create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import QueueClient, create_queue_actor
 
     queue = create_queue_actor()
     ray.get(queue.submit.remote(make_specs(batch * (calls + 11))))

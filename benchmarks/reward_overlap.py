@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from roll_spotlight.config import RunConfig, load_config
     from roll_spotlight.models import build_policy, save_policy
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     torch.set_num_threads(1)
     cfg = load_config(RunConfig, REPO / "configs" / "tiny_shapes.yaml")

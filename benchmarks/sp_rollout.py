@@ -65,9 +65,10 @@ def _leases(n: int, steps: int):
 def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: dict, out) -> None:
     import torch
 
-    from roll_spotlight.models.source import load_policy
+    from roll_spotlight.elastic.rendezvous import SPMembership
     from roll_spotlight.runtime.executor import RolloutExecutor
-    from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup
+    from roll_spotlight.runtime.policy_source import load_policy
+    from roll_spotlight.runtime.sp_group import SPRolloutGroup
 
     torch.set_num_threads(1)
     policy = load_policy(policy_file)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from roll_spotlight.models import build_policy, save_policy
     from roll_spotlight.runtime.sp_group import check_sp_degree
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     args = parse_args(argv)
     cfg = _config(args.image_size)

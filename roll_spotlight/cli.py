@@ -114,7 +114,7 @@ def _check_only(cfg, args) -> int:
 
 def cmd_quickstart(args) -> int:
     """Pretrain (or load) the tiny base, train on Ray with the quickstart config, write the report."""
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
@@ -129,7 +129,7 @@ def cmd_quickstart(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     print(write_report(Path(args.run_dir)))
     return 0
@@ -139,7 +139,7 @@ def cmd_bench(args) -> int:
     """Mechanism benchmarks; each prints JSON (measured on this machine)."""
     import importlib
 
-    modules = {"planner": "roll_spotlight.tools.bench.planner", "regroup": "roll_spotlight.tools.bench.regroup",
+    modules = {"planner": "roll_spotlight.tools.bench.planner_bench", "regroup": "roll_spotlight.tools.bench.regroup",
                "emulate": "roll_spotlight.tools.bench.emulate", "all": "roll_spotlight.tools.bench.suite"}
     if args.name not in modules:
         raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
@@ -192,7 +192,7 @@ PASSTHROUGH = {
     "soak": ("roll_spotlight.tools.soak", "replay a spot trace for M minutes, repeating it (measured)"),
     "cluster-soak": ("roll_spotlight.tools.cluster_soak",
                      "a spot trace driving real raylets on this machine (measured)"),
-    "notice-agent": ("roll_spotlight.tools.notice_agent", "drain this Ray node on its cloud's preemption notice"),
+    "notice-agent": ("roll_spotlight.cluster.notice_agent", "drain this Ray node on its cloud's preemption notice"),
     "compare": ("roll_spotlight.tools.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
 }
 

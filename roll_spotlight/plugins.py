@@ -35,7 +35,8 @@ GROUPS = (
     "roll_spotlight.rewards",
 )
 
-# Targets under roll_spotlight.roll.{pipeline,workers} import ROLL; the others do not.
+# Targets under roll_spotlight.roll.{pipeline,workers} import ROLL; the others do not. This table is
+# the plugin list's one home: setup.py reads it (with ast) to declare the package's entry points.
 BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
     "roll_spotlight.pipelines": {
         "spotlight": "roll_spotlight.roll.pipeline:SpotlightPipeline",

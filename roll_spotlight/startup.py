@@ -200,9 +200,9 @@ def check_prompt_files(cfg) -> None:
 
 def starting_policy(cfg, *, progress: bool = True):
     """(policy, source): what a run starts from, and what its Ray workers load for it
-    (`roll_spotlight.models.source`): the cached tiny base (pretrained first when missing) and its
+    (`roll_spotlight.runtime.policy_source`): the cached tiny base (pretrained first when missing) and its
     checkpoint path, or the real model loaded from `model.path` and its model section."""
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
 
     setup = policy_setup(cfg)  # LoRA, guidance, attention backend: after any pretraining
     if cfg.model.preset == "tiny":

@@ -24,7 +24,7 @@ def random_policy(cfg: RunConfig, seed: int = 0):
     import torch
 
     from roll_spotlight.models import build_policy
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     torch.manual_seed(seed)
     return build_policy(cfg.model, vocab=task_vocab(cfg.task))

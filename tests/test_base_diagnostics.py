@@ -11,7 +11,7 @@ from roll_spotlight.config.strict import load_config
 from roll_spotlight.models import build_policy
 from roll_spotlight.training import diagnostics as D
 from roll_spotlight.config.run import RunConfig
-from roll_spotlight.training.tasks import task_vocab
+from roll_spotlight.training.prompt_pools import task_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 

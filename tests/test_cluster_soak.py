@@ -19,7 +19,7 @@ from roll_spotlight.spot import EventList, NodeEvent, Trace
 from roll_spotlight.runtime.faults import FaultPlan
 from roll_spotlight.spot.market import MarketConfig, SpotMarket
 from roll_spotlight.tools.cluster_soak import DEFAULTS, check_machine, main, run_cluster_soak
-from roll_spotlight.tools.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb
+from roll_spotlight.cluster.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb
 
 
 def _trace(*rows, end_s: float = 600.0) -> Trace:

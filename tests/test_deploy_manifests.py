@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from roll_spotlight.cluster.notice_agent import build_parser
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT
 from roll_spotlight.spot.market import NOTICE_S_BY_PROVIDER
 from roll_spotlight.spot.notices import PROVIDERS
-from roll_spotlight.tools.notice_agent import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBERAY = ROOT / "deploy" / "kuberay"

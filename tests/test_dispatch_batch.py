@@ -187,7 +187,7 @@ def test_many_short_leases_keep_expiry_exact():
 # ------------------------------------------------------------------------- the actor's body
 def _server(**kwargs):
     pytest.importorskip("ray")
-    from roll_spotlight.dispatch.actor import QueueServer
+    from roll_spotlight.dispatch.queue_actor import QueueServer
 
     return QueueServer(**kwargs)
 

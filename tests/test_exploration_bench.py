@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from roll_spotlight.tools.bench.planner import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
+from roll_spotlight.tools.bench.planner_bench import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
 from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, ConstantReward, random_prompt_set, reward_of
 
 
@@ -134,7 +134,7 @@ def test_main_first_seed(capsys):
 
 
 def test_decision_time_note_says_when_the_machine_was_shared():
-    from roll_spotlight.tools.bench.planner import _decision_time_note
+    from roll_spotlight.tools.bench.planner_bench import _decision_time_note
 
     busy = _decision_time_note({"cpu_count": 2, "load_average_before": [1.9, 1.8, 1.7]})
     quiet = _decision_time_note({"cpu_count": 2, "load_average_before": [0.1, 0.2, 0.2]})

@@ -415,11 +415,11 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
     duplicated and every output equals its failure-free rollout."""
     import torch
 
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.dispatch.requests import Lease
     from roll_spotlight.runtime.executor import RolloutExecutor
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     ray, cfg = ray_cluster, _cfg()
     torch.manual_seed(0)
@@ -456,8 +456,8 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
 def test_queue_journal_rebuilds_the_queue_exactly(tmp_path, compact_every):
     """Tier 1 for the queue row: a second server on the same journal has the same requests,
     leases, counters and results as the first, with any compaction period and a torn last record."""
-    from roll_spotlight.dispatch.actor import QueueServer
     from roll_spotlight.dispatch.journal import JournalConfig
+    from roll_spotlight.dispatch.queue_actor import QueueServer
     from roll_spotlight.dispatch.requests import InFlightState, RequestKind, RequestSpec, Schedule
 
     journal = JournalConfig(str(tmp_path / "q"), compact_every=compact_every)

@@ -13,11 +13,11 @@ from calendar import timegm
 
 import pytest
 
+from roll_spotlight.cluster.metadata_stub import MetadataStub
+from roll_spotlight.cluster.notice_agent import (NodeLink, NoticeWatcher, SigtermNotice, _on_signals, build_parser,
+                                               main, run)
 from roll_spotlight.spot.notices import (AwsImds, AzureScheduledEvents, BadAnswer, GcpMetadata, HttpAnswer,
                                          ProviderConfig, make_provider, parse_rfc1123, parse_utc)
-from roll_spotlight.tools.metadata_stub import MetadataStub
-from roll_spotlight.tools.notice_agent import (NodeLink, NoticeWatcher, SigtermNotice, _on_signals, build_parser,
-                                               main, run)
 
 NOW = 1_700_000_000.0
 FAST = ProviderConfig(poll_s=0.02, timeout_s=0.5)

@@ -4,7 +4,6 @@ import collections
 import numpy as np
 import pytest
 
-from roll_spotlight.rewards.ocr import quoted_target
 from roll_spotlight.tasks.ocr_prompts import (
     MAX_TARGET_CHARS,
     PHRASES,
@@ -15,6 +14,7 @@ from roll_spotlight.tasks.ocr_prompts import (
     split_phrases,
     write_ocr_prompts,
 )
+from roll_spotlight.tasks.ocr_text import quoted_target
 from roll_spotlight.tasks.prompt_files import load_prompt_file
 
 

@@ -1,7 +1,8 @@
-"""The one name resolver (roll_spotlight.plugins) and the entry points declared in setup.py."""
+"""The one name resolver (roll_spotlight.plugins) and the entry points setup.py declares from it."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -102,20 +103,6 @@ def test_roll_only_target_without_roll_names_the_missing_module():
     assert "roll_spotlight.roll.workers" in str(err.value) and "roll" in str(err.value)
 
 
-def _setup_entry_points() -> dict[str, list[str]]:
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ENTRY_POINTS" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError("setup.py defines no ENTRY_POINTS")
-
-
-def _split_entry(line: str) -> tuple[str, str, str]:
-    name, _, target = (part.strip() for part in line.partition("="))
-    module, _, attr = target.partition(":")
-    return name, module, attr
-
-
 def _module_file_exists(module: str) -> bool:
     parts = module.split(".")
     package_dir = {"roll_spotlight.patches": ROOT / "patches"}
@@ -126,22 +113,30 @@ def _module_file_exists(module: str) -> bool:
     return (ROOT.joinpath(*parts).with_suffix(".py")).is_file() or (ROOT.joinpath(*parts) / "__init__.py").is_file()
 
 
-def test_setup_entry_points_parse_and_point_at_objects():
-    entry_points = _setup_entry_points()
+def _installed_entry_points(group: str) -> dict[str, str]:
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)
+            if ep.dist is None or ep.dist.name.replace("-", "_") == "roll_spotlight"}
+
+
+def test_installed_entry_points_are_the_builtins():
+    """setup.py declares BUILTINS (read with ast) as the entry points: the plugin list has one home.
+    A stale install (`pip install -e .` before plugins.py changed) fails here: reinstall."""
+    for group in plugins.GROUPS:
+        assert _installed_entry_points(group) == plugins.builtins(group), group
+
+
+def test_installed_entry_points_point_at_objects():
     roll_only = ("roll_spotlight.roll.workers", "roll_spotlight.roll.pipeline", "roll_spotlight.roll.config")
     checked = 0
-    for group, lines in entry_points.items():
-        if group not in PLUGIN_GROUPS:
-            continue
-        for line in lines:
-            name, module, attr = _split_entry(line)
-            assert name and module and attr, f"{group}: malformed entry point {line!r}"
+    for group in plugins.GROUPS:
+        for name, target in _installed_entry_points(group).items():
+            module = target.partition(":")[0]
             assert _module_file_exists(module), f"{group} {name}: no module file for {module}"
             if module in roll_only and not _roll_present():
                 continue
             if module == "roll_spotlight.rewards.ocr" and importlib.util.find_spec("rapidocr_onnxruntime") is None:
                 continue
-            assert plugins.load_dotted(f"{module}:{attr}") is not None
+            assert plugins.load_dotted(target) is not None
             checked += 1
     assert checked >= 3
 

@@ -74,7 +74,7 @@ def test_pretrain_tags_pick_the_pretraining_world_and_the_key():
 
     from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.tasks.shapes.spec import TAGS
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     every = "pretrain.tags=[" + ",".join(TAGS) + "]"
     whole, narrow = _cfg("task.tags=null", "pretrain.tags=null"), _cfg("task.tags=[colors,counting]", "pretrain.tags=null")
@@ -94,7 +94,7 @@ def test_loss_floor_reweights_the_x0_error(monkeypatch):
     import numpy as np
 
     from roll_spotlight.models import build_policy
-    from roll_spotlight.training.tasks import task_vocab, train_pool
+    from roll_spotlight.training.prompt_pools import task_vocab, train_pool
 
     torch.manual_seed(0)
     cfg = _cfg("pretrain.loss_min_sigma=1.0", "pretrain.learning_rate=1e-12")

@@ -116,7 +116,7 @@ def test_metadata_by_prompt_accepts_repeats_rejects_conflicts(tmp_path):
 
 def test_prompt_file_task_pool_and_validation(tmp_path):
     from roll_spotlight.config.run import TaskConfig
-    from roll_spotlight.training.tasks import VAL_SEED_BASE, train_pool, validation_set
+    from roll_spotlight.training.prompt_pools import VAL_SEED_BASE, train_pool, validation_set
 
     train = _jsonl(tmp_path / "train_metadata.jsonl", [COUNTING, POSITION])
     test = _jsonl(tmp_path / "test_metadata.jsonl", [COLOR, COUNTING, POSITION])

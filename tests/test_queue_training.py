@@ -39,7 +39,7 @@ def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
     from roll_spotlight.runtime.executor import RolloutExecutor, stack_outputs
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.rewards.configured import configured_reward
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
     from roll_spotlight.flow_grpo import sigma_schedule
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)
@@ -59,7 +59,7 @@ def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
 
 def trainer_and_work(cfg, seed: int = 0):
     from roll_spotlight.dispatch.requests import Schedule
-    from roll_spotlight.models.source import policy_setup, prepare_policy
+    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
 
     policy = prepare_policy(random_policy(cfg, seed), policy_setup(cfg))
     trainer = FlowGRPOTrainer(policy, cfg.train)
@@ -173,7 +173,7 @@ def ray_cluster():
 
 def _reference_step(cfg, work):
     """The one-trainer update of the same batch from the same weights: its adapters after the step."""
-    from roll_spotlight.models.source import policy_setup, prepare_policy
+    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
 
     policy = prepare_policy(random_policy(cfg), policy_setup(cfg))
     trainer = FlowGRPOTrainer(policy, cfg.train)
@@ -191,12 +191,12 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
     import ray
 
     from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import RolloutWorker
     from roll_spotlight.runtime.compute import ModelCompute
     from roll_spotlight.runtime.faults import FaultPlan
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.weights import WeightStore
 

@@ -20,7 +20,8 @@ from roll_spotlight.rewards import (
     register_reward,
 )
 from roll_spotlight import plugins
-from roll_spotlight.rewards.ocr import levenshtein, ocr_text_reward, quoted_target
+from roll_spotlight.rewards.ocr import levenshtein, ocr_text_reward
+from roll_spotlight.tasks.ocr_text import quoted_target
 from roll_spotlight.tasks.shapes import make_prompt_set, render
 
 

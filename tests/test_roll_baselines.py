@@ -44,7 +44,7 @@ def _batch(cfg):
     """One iteration's rollouts of the tiny run, their rewards, group ids and a baseline per group."""
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.runtime.local import LocalBackend
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     backend = LocalBackend(cfg, random_policy(cfg))
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)

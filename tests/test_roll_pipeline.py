@@ -162,8 +162,8 @@ def local_ray():
 
 def _spot_pipeline_cls():
     """SpotlightPipeline whose pool replays a market of one spot node that joins at once and stays."""
-    from roll_spotlight.models.source import policy_setup, policy_source
     from roll_spotlight.roll import SpotlightPipeline
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source
     from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool, training_market
     from roll_spotlight.spot import EventList, NodeEvent, Trace
 
@@ -254,12 +254,12 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
 
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.models import load_tiny_policy
-    from roll_spotlight.models.source import policy_setup, prepare_policy
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
     from roll_spotlight.runtime.trainer_core import TrainerCore
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     policy = prepare_policy(load_tiny_policy(base_path)[0], policy_setup(run_cfg))
     policy.load_published_state(before)

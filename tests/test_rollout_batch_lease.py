@@ -49,7 +49,7 @@ def _specs(steps: list[int]) -> list[RequestSpec]:
 
 
 def _queue(pull_batch: int):
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     return create_queue_actor(QueueConfig(lease_s=TIMEOUT_S, pull_batch=pull_batch))
 
@@ -153,8 +153,7 @@ def test_dispatch_pull_batch_is_a_run_key_that_reaches_the_queue():
 
 def test_an_sp_group_leader_leases_batches_for_its_group(cluster):
     """The leader's batch reaches every rank (lead()); the group's outputs match one worker's."""
-    from roll_spotlight.elastic.rendezvous import RendezvousHost
-    from roll_spotlight.runtime.sp_group import group_memberships
+    from roll_spotlight.elastic.rendezvous import RendezvousHost, group_memberships
 
     host = RendezvousHost("127.0.0.1")
     members = group_memberships(host.address, "g#1", 2, timeout_s=TIMEOUT_S)

@@ -7,7 +7,7 @@ import pytest
 from roll_spotlight.runtime.coordinator import iteration_specs
 from roll_spotlight.startup import start_run
 from roll_spotlight.training.metrics import read_metrics
-from roll_spotlight.training.tasks import train_pool
+from roll_spotlight.training.prompt_pools import train_pool
 from tests.runtime_helpers import random_policy, tiny_config
 
 

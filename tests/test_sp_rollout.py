@@ -17,11 +17,11 @@ import torch
 from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
 from roll_spotlight.dispatch.requests import Lease, Request
 from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
-from roll_spotlight.elastic.rendezvous import RendezvousHost
+from roll_spotlight.elastic.rendezvous import RendezvousHost, SPMembership, group_memberships
 from roll_spotlight.elastic.ulysses import is_ulysses_applied
 from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
 from roll_spotlight.runtime.faults import FaultPlan
-from roll_spotlight.runtime.sp_group import SPMembership, SPRolloutGroup, check_sp_degree, group_memberships
+from roll_spotlight.runtime.sp_group import SPRolloutGroup, check_sp_degree
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
 
 pytestmark = pytest.mark.dist
@@ -210,7 +210,7 @@ def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_clust
 def _store_and_queue(cfg, lease_s: float = 60.0):
     """The weight store with version 0 (the reference weights) and a queue actor."""
     from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.weights import WeightStore
 
     store = WeightStore.create(keep=1)
@@ -561,11 +561,11 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     round's two micro-batches as one sum and hands the other two back; a solo worker computes
     everything else. The update equals the one-trainer update within the tolerance."""
     from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
     from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.training.grpo import FlowGRPOTrainer
     from roll_spotlight.weights import WeightStore
@@ -624,10 +624,10 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     breaks, its eight leases go back to the queue and its partial sums die with it; a's survivors
     re-form SP 2 and train every micro-batch. The update equals the one-trainer update."""
     from roll_spotlight.dispatch import QueueConfig
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.models.source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.spot import NodeEvent
     from roll_spotlight.training.grpo import FlowGRPOTrainer

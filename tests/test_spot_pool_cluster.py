@@ -45,7 +45,7 @@ def test_cluster_source_needs_gpu_type_and_no_trace():
 def test_cluster_pool_follows_the_spot_node_and_its_drain_is_the_notice(spot_head_node, tmp_path):
     from ray.core.generated import autoscaler_pb2
 
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.runtime.spot_pool import start_training_pool
     from roll_spotlight.weights import WeightStore
 

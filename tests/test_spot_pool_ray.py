@@ -50,7 +50,7 @@ def two_node_market(notice_s: float) -> SpotMarket:
 
 
 def start_pool(cluster, *, hold_at: int, commit_every: int, no_notice: bool):
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
     launcher = RayWorkerLauncher(cluster["path"], queue, cluster["store"], commit_every=commit_every,
@@ -121,7 +121,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     import torch
 
     from roll_spotlight.config.strict import to_dict
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import ModelConfig, build_policy
     from roll_spotlight.runtime.executor import RolloutExecutor
     from roll_spotlight.weights import WeightStore
@@ -157,7 +157,7 @@ def test_workers_pinned_to_a_node_that_went_before_they_were_placed_count_as_dea
     """On a real cluster a spot node can go between the pool starting its workers (pinned to it)
     and Ray placing them: their calls raise ActorUnschedulableError. The launcher's probes read
     nothing from them and its death check reports the node, instead of failing the pool."""
-    from roll_spotlight.dispatch.actor import create_queue_actor
+    from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
     queue = create_queue_actor(QueueConfig(lease_s=TIMEOUT_S))
     launcher = RayWorkerLauncher(cluster["path"], queue, cluster["store"], node_affinity=True)

@@ -157,7 +157,7 @@ def test_training_pool_bills_both_pools_on_one_clock_and_reports_flat_metrics():
 def test_report_shows_the_ledger_and_counters_of_the_last_row(tmp_path):
     import json
 
-    from roll_spotlight.report import _spot_lines, write_report
+    from roll_spotlight.run_report import _spot_lines, write_report
 
     now = [0.0]
     market = two_node_market()
@@ -179,7 +179,7 @@ def test_report_shows_the_ledger_and_counters_of_the_last_row(tmp_path):
 def test_report_timeline_marks_notices_commits_and_preemptions(tmp_path):
     import json
 
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     rows = [{"step": 1, "reward_mean": 0.1, "val_reward": 0.2, "val_reward_se": 0.01, "val_strict": 0.3}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -361,7 +361,7 @@ def test_a_wall_clock_pool_polls_its_market_while_the_driver_is_busy():
 def test_report_says_who_trained_the_micro_batches_and_what_the_reward_cannot_see(tmp_path):
     import json
 
-    from roll_spotlight.report import write_report
+    from roll_spotlight.run_report import write_report
 
     base = {"reward_mean": 0.1, "val_reward": 0.2, "val_reward_se": 0.01, "val_strict": 0.3}
     train = {"train/micro_batches": 12.0, "train/micro_batches_trainer": 3.0, "train/micro_batches_spot": 6.0,

@@ -34,7 +34,7 @@ def _batch(cfg):
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.runtime.executor import RolloutExecutor
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, weight_version=0)
     executor = RolloutExecutor(random_policy(cfg))

@@ -89,6 +89,24 @@ def test_installed_cli_helps_and_checks_the_tiny_config(installed):
     assert json.loads(out.stdout[out.stdout.rindex("\n{"):])["config"] == "ok"
 
 
+ENTRY_POINTS = r"""
+import importlib.metadata, json
+from roll_spotlight import plugins
+installed = {group: {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)} for group in plugins.GROUPS}
+print(json.dumps({"file": plugins.__file__, "installed": installed}))
+"""
+
+
+def test_installed_entry_points_are_the_plugin_builtins(installed):
+    """setup.py builds the plugin groups from plugins.BUILTINS; the wheel declares exactly those."""
+    from roll_spotlight import plugins
+
+    python, env, root = installed
+    out = json.loads(_run([str(python), "-c", ENTRY_POINTS], root, env).stdout.strip().splitlines()[-1])
+    assert str(root) in out["file"], out["file"]
+    assert out["installed"] == {group: plugins.builtins(group) for group in plugins.GROUPS}
+
+
 LOAD_TRACE = r"""
 import json
 from roll_spotlight.spot import load_trace, traces_root

@@ -289,7 +289,7 @@ class SpotConfig:
     `training_phase` says what spot GPUs do while an update trains: "train" (they pull the
     update's micro-batches beside the trainer, `runtime.queue_training`; exploration gets what is
     left), "explore" (they explore the next prompts; training stays on the trainer) or "auto"
-    (each iteration, whichever the run's measurements value more, `exploration.placement`). Null
+    (each iteration, whichever the run's measurements value more, `exploration.spot_share`). Null
     (the default, from the evidence in docs/learning.md: spot training shortens every update,
     exploration has cut no iterations on any task measured) trains wherever the run can, and
     explores where it cannot (LoRA off, several inner epochs, a sharded trainer).

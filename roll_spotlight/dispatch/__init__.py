@@ -1,7 +1,7 @@
 """Dispatch: the pull-based, preemption-aware request queue (docs/design.md section 4).
 
 The pure core (``queue``, ``requests``) is exported here and imports neither ray nor torch. The Ray
-shell lives in ``roll_spotlight.dispatch.actor`` (``QueueActor``, ``QueueClient``); import it from
+shell lives in ``roll_spotlight.dispatch.queue_actor`` (``QueueActor``, ``QueueClient``); import it from
 there, or through this package's lazy attributes, which load ray only on first use.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ from roll_spotlight.dispatch.requests import (
 )
 
 _LAZY = {
-    "QueueActor": "roll_spotlight.dispatch.actor",
-    "QueueClient": "roll_spotlight.dispatch.actor",
-    "QueueServer": "roll_spotlight.dispatch.actor",
-    "create_queue_actor": "roll_spotlight.dispatch.actor",
+    "QueueActor": "roll_spotlight.dispatch.queue_actor",
+    "QueueClient": "roll_spotlight.dispatch.queue_actor",
+    "QueueServer": "roll_spotlight.dispatch.queue_actor",
+    "create_queue_actor": "roll_spotlight.dispatch.queue_actor",
 }
 
 

@@ -2,10 +2,11 @@
 
 Modules (import them directly; this package imports nothing heavy so the pure planner stays cheap):
 
-- ``planner``: pure mapping of live GPUs to SP groups of valid degrees with the fewest moves.
+- ``group_plan``: pure mapping of live GPUs to SP groups of valid degrees with the fewest moves.
 - ``ulysses``: Ulysses attention processor + hooks for diffusers' ``QwenImageTransformer2DModel``.
 - ``comm``: collectives on an explicit (possibly raw) process group; generation-prefixed groups.
-- ``rendezvous``: where group members meet (a private file store on one host, TCP across hosts).
+- ``rendezvous``: where and how group members meet (a private file store on one host, TCP across
+  hosts; each member's ``SPMembership``).
 - ``transfer``: where a newcomer's weights come from (same-node peer, remote peer, the weight
   store) and how (zero-copy shared memory on CPU, device to device on GPUs).
 - ``groups``: the driver of regroups over the live rollout workers (`runtime.actors.RolloutWorker`

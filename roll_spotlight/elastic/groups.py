@@ -1,5 +1,5 @@
 """The driver's side of elastic SP on the live rollout workers (`runtime.actors.RolloutWorker`).
-It calls Ray actors, so unlike the pure planner (`planner.py`) this module imports Ray.
+It calls Ray actors, so unlike the pure planner (`group_plan.py`) this module imports Ray.
 
 The rollout workers are the persistent SP workers: a regroup never starts a process or reloads a
 model. :class:`ElasticGroups` forms their SP groups (`runtime.sp_group`) as the planner says and
@@ -37,7 +37,8 @@ from typing import Any, Iterable, Mapping
 
 from roll_spotlight.config.strict import require, require_number
 from roll_spotlight.elastic.comm import generation_prefix
-from roll_spotlight.elastic.planner import Member, Plan, SPGroup, moves, plan_groups, valid_degrees
+from roll_spotlight.elastic.group_plan import Member, Plan, SPGroup, moves, plan_groups, valid_degrees
+from roll_spotlight.elastic.rendezvous import group_memberships
 from roll_spotlight.elastic.transfer import TransferMethod, TransferSource, choose_method, choose_source
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,6 @@ class ElasticGroups:
         return tuple(broken)
 
     def _start(self, index: int, group: SPGroup, generation: int) -> str:
-        from roll_spotlight.runtime.sp_group import group_memberships
-
         name = generation_prefix(generation, f"{self.config.name}/sp{index}")
         memberships = group_memberships(self.rendezvous.address, name, group.degree, self.config.timeout_s)
         for membership, member in zip(memberships, group.members):

@@ -1,7 +1,8 @@
 """Where SP workers meet to form process groups: a file store on one host, a TCP store across hosts.
 
 The Ray driver hosts the rendezvous (`runtime.sp_group.open_rendezvous`); workers connect to it by
-the picklable :class:`Rendezvous` inside the `SPMembership` the driver hands them.
+the picklable :class:`Rendezvous` inside the :class:`SPMembership` the driver hands them (where to
+meet, under which prefix, and each member's rank: `group_memberships` makes one group's).
 
 - ``store_host`` is a loopback address (the default, ``127.0.0.1``): every worker is on this host
   anyway, since no other host can reach a loopback address. The store is then a
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from roll_spotlight.config.strict import require_choice
 
-__all__ = ["Rendezvous", "RendezvousHost", "is_loopback"]
+__all__ = ["Rendezvous", "RendezvousHost", "SPMembership", "group_memberships", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -61,6 +62,29 @@ class Rendezvous:
             store.set_timeout(timedelta(seconds=timeout_s))
             return store
         return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+@dataclass(frozen=True)
+class SPMembership:
+    """One worker's place in an SP rollout group: where to meet (``rendezvous``, ``prefix``), its
+    ``rank`` of ``size``, and the collectives' timeout."""
+
+    rendezvous: "Rendezvous"
+    prefix: str
+    rank: int
+    size: int
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"SPMembership: rank={self.rank} must be in [0, size={self.size})")
+        if not self.timeout_s > 0:
+            raise ValueError(f"SPMembership.timeout_s={self.timeout_s} must be > 0")
+
+
+def group_memberships(rendezvous: Rendezvous, name: str, size: int, timeout_s: float = 60.0) -> list[SPMembership]:
+    """The memberships of one group of ``size`` workers meeting under the prefix ``name``."""
+    return [SPMembership(rendezvous, name, rank, size, timeout_s) for rank in range(size)]
 
 
 class RendezvousHost:

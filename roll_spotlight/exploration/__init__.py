@@ -10,8 +10,7 @@ from roll_spotlight.exploration.adaptive import (
     random_subset_variance,
     round_contrast,
 )
-from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
-from roll_spotlight.exploration.planner import (
+from roll_spotlight.exploration.bandit import (
     BanditPlanner,
     OraclePlanner,
     PlannerConfig,
@@ -21,6 +20,7 @@ from roll_spotlight.exploration.planner import (
     UniformPlanner,
     seed_stream,
 )
+from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig
 from roll_spotlight.exploration.rank import RankMonitor, RankReport, kendall_tau_b, spearman_rho
 from roll_spotlight.exploration.select import (

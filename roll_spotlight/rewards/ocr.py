@@ -16,20 +16,9 @@ from collections.abc import Callable
 import numpy as np
 
 from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.tasks.ocr_text import normalize_text, quoted_target
 
 TextRecognizer = Callable[[np.ndarray], str]  # uint8 RGB (H, W, 3) -> recognised text
-
-
-def quoted_target(prompt: str) -> str:
-    """The text inside the first pair of double quotes; ValueError naming the prompt otherwise."""
-    parts = prompt.split('"')
-    if len(parts) < 3:
-        raise ValueError(f"OCR prompt {prompt!r} has no text in a pair of double quotes")
-    return parts[1]
-
-
-def normalize_text(text: str) -> str:
-    return "".join(text.split()).lower()
 
 
 def levenshtein(a: str, b: str) -> int:

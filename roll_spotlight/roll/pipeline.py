@@ -70,7 +70,8 @@ class SpotlightPipeline(BasePipeline):
     def form_sp_groups(self):
         """With ``elastic.sp_degree`` > 1, the actor_infer ranks join SP groups of consecutive ranks
         (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
-        from roll_spotlight.runtime.sp_group import group_memberships, open_rendezvous
+        from roll_spotlight.elastic.rendezvous import group_memberships
+        from roll_spotlight.runtime.sp_group import open_rendezvous
 
         sp = self.pipeline_config.elastic.sp_degree
         if sp == 1:
@@ -106,7 +107,7 @@ class SpotlightPipeline(BasePipeline):
         cfg = self.pipeline_config
         if cfg.dispatch.mode == "static":
             return StaticDispatch(self.actor_infer, cfg.elastic.sp_degree)
-        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
         self.inbox = self.start_queue_training(queue) if self.run_config.queue_trains() else None
@@ -134,7 +135,7 @@ class SpotlightPipeline(BasePipeline):
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
-        from roll_spotlight.models.source import policy_setup, policy_source
+        from roll_spotlight.runtime.policy_source import policy_setup, policy_source
         from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
         cfg = self.pipeline_config

@@ -25,7 +25,7 @@ from roll_spotlight.config.run import RunConfig
 def build_base_policy(cfg: RunConfig, base_path: str | None):
     """The starting policy: the pretrained tiny base at `base_path`, or Qwen-Image from model.path."""
     from roll_spotlight.models import build_policy, load_tiny_policy
-    from roll_spotlight.models.source import policy_setup, prepare_policy
+    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
 
     if cfg.model.preset == "tiny":
         if not base_path or not Path(base_path).is_file():

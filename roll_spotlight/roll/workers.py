@@ -140,7 +140,7 @@ class DiTRolloutWorker(_DiTWorker):
     def drain(self, queue) -> int:
         """Pull from the run's queue actor until nothing is pending; returns how many requests
         (rollouts, or micro-batches of an update) ran here."""
-        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.dispatch.queue_actor import QueueClient
 
         return self.strategy.drain(QueueClient(queue, self.worker_name or f"{self.cluster_name}-{self.rank}"))
 

@@ -1,6 +1,6 @@
 """Ray actors of the runtime: trainer, rollout workers, reward workers.
 
-What each starts from is a *policy source* (`models.source`), or an `runtime.emulated.Emulation`
+What each starts from is a *policy source* (`runtime.policy_source`), or an `runtime.emulated.Emulation`
 (emulated GPUs: the same actors with every compute phase waiting its calibrated duration).
 
 Simulated GPUs are Ray custom resources: on-demand actors ask for `ondemand_gpu`, spot actors for
@@ -16,10 +16,11 @@ import time
 
 import ray
 
-from roll_spotlight.models.source import load_policy
+from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
+from roll_spotlight.runtime.policy_source import load_policy
 
 log = logging.getLogger(__name__)
-ONDEMAND, SPOT = "ondemand_gpu", "spot_gpu"
+ONDEMAND, SPOT = ONDEMAND_RESOURCE, SPOT_RESOURCE  # the Ray resources on-demand and spot actors ask for
 
 
 def _torch_setup(threads: int) -> None:
@@ -192,7 +193,7 @@ class RolloutWorker:
     (queue training) it computes micro-batches of updates too. ``faults`` is deterministic
     failure injection for tests (`runtime.faults`); `wait_held()` returns once it parked.
 
-    `sp` (a `runtime.sp_group.SPMembership`) makes the worker one rank of an SP rollout group:
+    `sp` (an `elastic.rendezvous.SPMembership`) makes the worker one rank of an SP rollout group:
     `serve()` first joins the group, then the group serves as one worker under ``group_name``,
     its leader's (rank 0) name in the queue. Regroups (driven by `elastic.groups.ElasticGroups`):
     `leave_group()` makes the worker's group commit after the step in hand and return from
@@ -207,7 +208,7 @@ class RolloutWorker:
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
                  commit_every: int = 0, kinds=None, sp=None, group_name: str | None = None,
                  heartbeat_s: float = 5.0, inbox=None, faults=None):
-        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.dispatch.queue_actor import QueueClient
         from roll_spotlight.runtime.worker_loop import Signals, WorkerLoop
 
         _torch_setup(threads)
@@ -257,7 +258,7 @@ class RolloutWorker:
         return self.stats()
 
     def _set_group(self, sp, group_name: str | None) -> None:
-        from roll_spotlight.dispatch.actor import QueueClient
+        from roll_spotlight.dispatch.queue_actor import QueueClient
 
         self.sp = sp
         self.loop.client = QueueClient(self.loop.client.handle, group_name or self.name)

@@ -27,14 +27,14 @@ import numpy as np
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
-from roll_spotlight.exploration.placement import SpotPlacement
-from roll_spotlight.runtime.exploration import ExplorationRound, ResumedRound, round_state
+from roll_spotlight.exploration.spot_share import SpotPlacement
+from roll_spotlight.runtime.exploration_round import ExplorationRound, ResumedRound, round_state
 from roll_spotlight.runtime.reports import UpdateReport
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
 from roll_spotlight.training.metrics import MetricsWriter
 from roll_spotlight.training.sampling import choose_window
-from roll_spotlight.training.tasks import draw_prompt_ids, draw_seeds
+from roll_spotlight.training.prompt_pools import draw_prompt_ids, draw_seeds
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Coordinator:
     """Runs iterations on a backend and writes metrics, checkpoints and a summary to `run_dir`."""
 
     def __init__(self, cfg: RunConfig, backend: Backend, run_dir: Path, *, progress: bool = True):
-        from roll_spotlight.training.tasks import train_pool, validation_set
+        from roll_spotlight.training.prompt_pools import train_pool, validation_set
 
         self.cfg, self.backend, self.run_dir, self.progress = cfg, backend, Path(run_dir), progress
         self.pool = train_pool(cfg.task)

@@ -441,8 +441,8 @@ def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
 
 def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None) -> None:
     """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
-    process each, and a raylet per spot node (`tools.local_cluster`)."""
-    from roll_spotlight.tools.local_cluster import HEAD_MB, NODE_BASE_MB, available_memory_mb
+    process each, and a raylet per spot node (`cluster.local_cluster`)."""
+    from roll_spotlight.cluster.local_cluster import HEAD_MB, NODE_BASE_MB, available_memory_mb
 
     ondemand, nodes = gpus
     per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
@@ -493,7 +493,7 @@ class LeadingSchedule:
 
 
 class TraceRaylets:
-    """The spot nodes of an emulated run: raylets of a one-machine cluster (`tools.local_cluster`)
+    """The spot nodes of an emulated run: raylets of a one-machine cluster (`cluster.local_cluster`)
     that the run's spot trace starts, drains through the notice bridge and kills, at the
     emulation's time-scale; the run follows them as a real cluster (``spot.source: cluster``).
 
@@ -518,7 +518,7 @@ class TraceRaylets:
         self.error: BaseException | None = None
 
     def __enter__(self) -> TraceRaylets:
-        from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
+        from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
 
         provider = self.market.trace.provider
         # raylets on a busy machine miss heartbeats: declare one dead after 9 s of silence, not 3

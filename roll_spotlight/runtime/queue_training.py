@@ -32,7 +32,7 @@ from typing import Sequence
 
 import ray
 
-from roll_spotlight.dispatch.actor import QueueClient
+from roll_spotlight.dispatch.queue_actor import QueueClient
 from roll_spotlight.dispatch.requests import Lease, RequestResult, RequestSpec, Schedule
 from roll_spotlight.runtime.compute import ModelCompute
 from roll_spotlight.runtime.reports import TRAINER
@@ -85,7 +85,7 @@ GradientInbox = ray.remote(num_cpus=0)(GradientInboxServer)
 def create_inbox(queue):
     """The run's gradient inbox, pinned to the driver's (on-demand) node as the queue is: on a spot
     node a preemption would take every accepted sum of the open update with it."""
-    from roll_spotlight.placement import on_driver_node
+    from roll_spotlight.driver_node import on_driver_node
 
     return GradientInbox.options(**on_driver_node()).remote(queue)
 

@@ -36,11 +36,11 @@ import ray
 
 from roll_spotlight.config.cluster import RayClusterConfig
 from roll_spotlight.config.strict import to_dict
+from roll_spotlight.driver_node import on_driver_node
 from roll_spotlight.loopback import set_loopback_env
-from roll_spotlight.models.source import worker_gpus
-from roll_spotlight.placement import on_driver_node
 from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
 from roll_spotlight.runtime.emulated import Emulation
+from roll_spotlight.runtime.policy_source import worker_gpus
 from roll_spotlight.runtime.reports import UpdateReport, update_report
 from roll_spotlight.config.run import RunConfig
 
@@ -120,7 +120,7 @@ class RayBackend:
     def __init__(self, cfg: RunConfig, policy_path: str | Path, cluster: RayClusterConfig | None = None, *,
                  run_dir: str | Path | None = None, spot_market=None, spot_clock: Callable[[], float] | None = None,
                  spot_worker_kwargs: Callable[[str], Mapping[str, object]] | None = None):
-        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.weights import WeightStore
 
         self.cluster = cluster or RayClusterConfig()
@@ -137,7 +137,7 @@ class RayBackend:
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
-        # a policy source (models.source): the tiny base's path, or a model section each actor loads;
+        # a policy source (runtime.policy_source): the tiny base's path, or a model section each actor loads;
         # or emulated GPUs (runtime.emulated), whose trainer is colocated with an on-demand worker
         path = policy_path if isinstance(policy_path, (Mapping, Emulation)) else str(policy_path)
         data, gpus = to_dict(cfg), worker_gpus(path)
@@ -205,7 +205,7 @@ class RayBackend:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from roll_spotlight.runtime.sp_group import group_memberships
+        from roll_spotlight.elastic.rendezvous import group_memberships
 
         gpus = worker_gpus(self._path)
         bundle = {resource: 1.0, **({"GPU": float(gpus)} if gpus else {})}

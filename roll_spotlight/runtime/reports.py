@@ -2,7 +2,7 @@
 
 `Backend.finish_train` returns an `UpdateReport`: the metrics to log, and (queue training) the
 `TrainingSplit` of who computed the update's micro-batches, which `spot.training_phase: auto`
-weighs against exploration (`exploration.placement`). Metrics are for logging only: no decision
+weighs against exploration (`exploration.spot_share`). Metrics are for logging only: no decision
 reads them back.
 """
 from __future__ import annotations

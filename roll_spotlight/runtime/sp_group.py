@@ -40,28 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # torch, torch.distributed and diffusers load when a group forms, not with configs
-    from roll_spotlight.elastic.rendezvous import Rendezvous, RendezvousHost
+    from roll_spotlight.elastic.rendezvous import RendezvousHost, SPMembership
 
-__all__ = ["SPMembership", "SPRolloutGroup", "check_sp_degree", "check_spot_placement", "group_memberships",
-           "open_rendezvous", "sp_shape"]
-
-
-@dataclass(frozen=True)
-class SPMembership:
-    """One worker's place in an SP rollout group: where to meet (``rendezvous``, ``prefix``), its
-    ``rank`` of ``size``, and the collectives' timeout."""
-
-    rendezvous: "Rendezvous"
-    prefix: str
-    rank: int
-    size: int
-    timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"SPMembership: rank={self.rank} must be in [0, size={self.size})")
-        if not self.timeout_s > 0:
-            raise ValueError(f"SPMembership.timeout_s={self.timeout_s} must be > 0")
+__all__ = ["SPRolloutGroup", "check_sp_degree", "check_spot_placement", "open_rendezvous", "sp_shape"]
 
 
 def sp_shape(model_cfg, required: bool = True) -> tuple[int, int] | None:
@@ -121,11 +102,6 @@ def open_rendezvous(all_local: bool) -> "RendezvousHost":
     from roll_spotlight.elastic.rendezvous import RendezvousHost
 
     return RendezvousHost("127.0.0.1" if all_local else ray.util.get_node_ip_address())
-
-
-def group_memberships(rendezvous: Rendezvous, name: str, size: int, timeout_s: float = 60.0) -> list[SPMembership]:
-    """The memberships of one group of ``size`` workers meeting under the prefix ``name``."""
-    return [SPMembership(rendezvous, name, rank, size, timeout_s) for rank in range(size)]
 
 
 class SPRolloutGroup:

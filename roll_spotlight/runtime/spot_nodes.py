@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from roll_spotlight.config.run import SPOT_RESOURCE
 from roll_spotlight.spot.market import EventKind, MarketEvent
 
 log = logging.getLogger(__name__)
 
-SPOT_RESOURCE = "spot_gpu"
 MARKET_TYPE_LABEL = "ray.io/market-type"
 ZONE_LABEL = "ray.io/availability-zone"
 SPOT_LABEL = "spot"
@@ -100,8 +100,8 @@ class RayWorkerLauncher:
         return [] if self.groups is None else self.groups.reports
 
     def start(self, name: str, node_id: str) -> None:
-        from roll_spotlight.models.source import worker_gpus
         from roll_spotlight.runtime.actors import RolloutWorker
+        from roll_spotlight.runtime.policy_source import worker_gpus
 
         options: dict[str, object] = {"resources": {self.resource: 1}, "num_gpus": worker_gpus(self.policy_path)}
         if self.node_affinity:

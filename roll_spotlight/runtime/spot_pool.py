@@ -301,7 +301,7 @@ def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degr
     """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
     if degree == 1:
         return None
-    from roll_spotlight.models.source import worker_gpus
+    from roll_spotlight.runtime.policy_source import worker_gpus
 
     return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0,
                                  min_degree=min_degree, shape=shape)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class TrainerCore:
     def __init__(self, cfg: RunConfig, policy):
         from roll_spotlight.rewards.configured import configured_reward, strict_scorer
-        from roll_spotlight.training.tasks import validation_set
+        from roll_spotlight.training.prompt_pools import validation_set
 
         torch.manual_seed(cfg.seed)
         self.cfg, self.policy = cfg, policy

@@ -10,7 +10,7 @@
         between leases and micro-batches: heartbeat the batch's leases; a stop, notice or leave
         ends the batch (finished ones completed, the one in flight committed, the rest released)
 
-Hosts supply the transport (a `dispatch.actor.QueueClient` over the queue actor) and the compute
+Hosts supply the transport (a `dispatch.queue_actor.QueueClient` over the queue actor) and the compute
 (`Compute`): the Ray rollout worker (`runtime.actors`), the ROLL rollout strategy
 (`roll.strategy`), the trainer pulling its own update's micro-batches (`runtime.queue_training`),
 and emulated compute (`runtime.emulated`). In an SP group (`runtime.sp_group`) the leader alone

@@ -118,7 +118,7 @@ CONSTANTS: dict[str, Constant] = {
                                                                "prompt (32 -> train on 16)"),
     "preferred_sp_512": Constant(1, "degree", "assumption: 1,152 tokens fit one H100; no SP needed"),
     "preferred_sp_1280": Constant(4, "degree", "assumption: the paper runs 1280^2 with SP; 4 GPUs per "
-                                               "image (elastic.planner.degree_for_resolution's 4,096-"
+                                               "image (elastic.group_plan.degree_for_resolution's 4,096-"
                                                "token rule would give 2)"),
     # --- rewards ---
     "reward_s_ocr": Constant(0.05, "s per image", "assumption: PaddleOCR on a GPU reward server (our CPU "

@@ -36,8 +36,8 @@ import numpy as np
 
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
 from roll_spotlight.dispatch.requests import InFlightState, Lease, RequestKind, RequestSpec, Schedule
-from roll_spotlight.elastic.planner import Plan, SPGroup, plan_groups
-from roll_spotlight.exploration.planner import BanditPlanner, PlannerConfig, Pull, seed_stream
+from roll_spotlight.elastic.group_plan import Plan, SPGroup, plan_groups
+from roll_spotlight.exploration.bandit import BanditPlanner, PlannerConfig, Pull, seed_stream
 from roll_spotlight.exploration.select import select_max_variance
 from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Training
 from roll_spotlight.sim.cluster import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name

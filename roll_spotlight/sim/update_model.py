@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Protocol
 
 from roll_spotlight.dispatch.queue import RequestQueue
 from roll_spotlight.dispatch.requests import Lease, RequestKind, RequestSpec, Schedule, plan_micro_batches
-from roll_spotlight.elastic.planner import SPGroup
+from roll_spotlight.elastic.group_plan import SPGroup
 from roll_spotlight.sim.cluster import GpuKind, Member, Phase
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.engine import EventHandle, EventLoop

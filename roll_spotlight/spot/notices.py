@@ -1,6 +1,6 @@
 """Cloud preemption notices, read from each provider's own signal (pure: no HTTP, no Ray).
 
-A node's notice agent (`roll_spotlight.tools.notice_agent`) asks a provider for its next HTTP
+A node's notice agent (`roll_spotlight.cluster.notice_agent`) asks a provider for its next HTTP
 request, performs it, and hands the answer back; the provider says whether the answer is a notice
 (with the node's reclaim time), no notice yet, or a bad answer (``BadAnswer``: logged, never a
 drain). What each provider documents, and so what is read here:

@@ -1,7 +1,7 @@
 """A seeded generator of text-rendering (OCR) prompts, and a check of OCR prompt files.
 
 A prompt is a scene template x a target phrase x a closing detail, the target in double quotes
-(the `ocr` reward reads the text between the first pair, `rewards.ocr.quoted_target`). Templates
+(the `ocr` reward reads the text between the first pair, `tasks.ocr_text.quoted_target`). Templates
 and phrases are written here. The number of words of the target is drawn from `WORD_COUNT_WEIGHTS`,
 measured on flow_grpo's OCR prompt set (dataset/ocr/test.txt, 1018 prompts: 1 word 4.3%, 2 words
 24.0%, 3 words 43.5%, 4 words 22.8%, 5 or more 5.4%; quoted text of 2-29 characters, median 17);
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from roll_spotlight.rewards.ocr import normalize_text, quoted_target
+from roll_spotlight.tasks.ocr_text import normalize_text, quoted_target
 from roll_spotlight.tasks.prompt_files import load_prompt_file
 
 MAX_TARGET_CHARS = 29

@@ -56,7 +56,7 @@ DEFAULTS = TraceRunConfig(speedup=60.0, duration_s=120.0, nodes=4, gpus_per_node
 def check_machine(cfg: TraceRunConfig, available_mb: float | None = None) -> None:
     """Bad input found before anything starts: SP placement on the nodes, and the memory the
     spot nodes and the head need (``--nodes``)."""
-    from roll_spotlight.tools.local_cluster import available_memory_mb, check_capacity
+    from roll_spotlight.cluster.local_cluster import available_memory_mb, check_capacity
     from roll_spotlight.tools.replay import check_placement
 
     check_placement(cfg)
@@ -66,8 +66,8 @@ def check_machine(cfg: TraceRunConfig, available_mb: float | None = None) -> Non
 def run_cluster_soak(cfg: TraceRunConfig, trace: Trace | None = None, *, worker_kwargs=None) -> dict:
     """The whole cluster soak; returns the JSON report (see the module docstring).
     ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `runtime.faults.FaultPlan`)."""
+    from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
     from roll_spotlight.tools import replay
-    from roll_spotlight.tools.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
     from roll_spotlight.tools.soak import RssSampler, tiled_market
 
     if ray_is_initialized():

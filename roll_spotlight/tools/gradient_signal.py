@@ -126,7 +126,7 @@ def measure(cfg, policy, batches: int, *, first_iteration: int = 100_000, progre
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     trainer = FlowGRPOTrainer(policy, cfg.train)
     pool, reward = train_pool(cfg.task), configured_reward(cfg.reward)

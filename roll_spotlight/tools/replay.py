@@ -212,8 +212,8 @@ class _Runtime:
     def __init__(self, cfg: TraceRunConfig, policy_dir: Path) -> None:
         import ray
 
-        from roll_spotlight.dispatch.actor import create_queue_actor
         from roll_spotlight.dispatch.queue import QueueConfig
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
         from roll_spotlight.runtime.ray_backend import init_ray
         from roll_spotlight.weights import WeightStore
@@ -255,7 +255,7 @@ def _save_tiny_policy(path: str, seed: int):
 
     from roll_spotlight.models import build_policy, save_policy
     from roll_spotlight.config.run import TaskConfig
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     torch.manual_seed(seed)
     policy = build_policy(TINY_MODEL, vocab=task_vocab(TaskConfig()))
@@ -329,7 +329,7 @@ def run_checked(cfg: TraceRunConfig, trace: Trace, market: SpotMarket, drive=Non
     ``_replay_live``, the market's pool on this cluster), recompute every output uninterrupted and
     return the report. The one home of the run-and-check that replay, soak and cluster-soak share."""
     from roll_spotlight.config.run import TaskConfig
-    from roll_spotlight.training.tasks import train_pool
+    from roll_spotlight.training.prompt_pools import train_pool
 
     t_start = time.monotonic()
     _one_torch_thread()

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from roll_spotlight.rewards.base import as_uint8_images
+from roll_spotlight.training.prompt_pools import ValidationSet
 from roll_spotlight.training.sampling import eval_spec, generate_in_chunks
-from roll_spotlight.training.tasks import ValidationSet
 
 
 SAMPLE_PAIRS = 8  # validation pairs whose images a run keeps (the report's base-vs-final grid)

@@ -45,7 +45,7 @@ def pretrain_task(cfg: RunConfig) -> TaskConfig:
 
 
 def base_key(cfg: RunConfig) -> str:
-    from roll_spotlight.training.tasks import task_vocab
+    from roll_spotlight.training.prompt_pools import task_vocab
 
     task = pretrain_task(cfg)
     pretrain_keys = {k: v for k, v in to_dict(cfg.pretrain).items() if k != "tags"}  # tags: under task
@@ -94,7 +94,7 @@ def pretrain(cfg: RunConfig, path: Path, *, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from roll_spotlight.models import build_policy, save_policy
-    from roll_spotlight.training.tasks import task_vocab, train_pool
+    from roll_spotlight.training.prompt_pools import task_vocab, train_pool
 
     torch.manual_seed(cfg.pretrain.seed)
     policy = build_policy(cfg.model, vocab=task_vocab(cfg.task))
@@ -167,7 +167,7 @@ def _base_quality(policy, cfg: RunConfig) -> dict:
     """Strict and partial accuracy of the base on a slice of the validation set (ODE sampling)."""
     from roll_spotlight.rewards import build_reward
     from roll_spotlight.training.evaluate import evaluate
-    from roll_spotlight.training.tasks import ValidationSet, validation_set
+    from roll_spotlight.training.prompt_pools import ValidationSet, validation_set
 
     val = validation_set(pretrain_task(cfg))
     n = min(cfg.pretrain.eval_samples, len(val.texts))

@@ -14,8 +14,8 @@ _LAZY = {
     "NumpyStateDict": "roll_spotlight.weights.packed",
     "state_dict_to_numpy": "roll_spotlight.weights.codec",
     "numpy_to_state_dict": "roll_spotlight.weights.codec",
-    "WeightStoreActor": "roll_spotlight.weights.actor",
-    "WeightStoreServer": "roll_spotlight.weights.actor",
+    "WeightStoreActor": "roll_spotlight.weights.store_actor",
+    "WeightStoreServer": "roll_spotlight.weights.store_actor",
     "WeightStore": "roll_spotlight.weights.store",
 }
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import ray
 import torch
 
-from roll_spotlight.weights.actor import WeightStoreActor
 from roll_spotlight.weights.codec import numpy_to_state_dict, state_dict_to_numpy
+from roll_spotlight.weights.store_actor import WeightStoreActor
 
 
 class WeightStore:
@@ -26,7 +26,7 @@ class WeightStore:
     @classmethod
     def create(cls, keep: int = 2, *, name: str | None = None) -> WeightStore:
         """Start the owning :class:`WeightStoreActor` (see its module for why an actor owns)."""
-        from roll_spotlight.placement import on_driver_node
+        from roll_spotlight.driver_node import on_driver_node
 
         options = ({} if name is None else {"name": name}) | on_driver_node()  # never on a spot node
         return cls(WeightStoreActor.options(**options).remote(keep))

@@ -111,11 +111,11 @@ class _Session:
 
     def __init__(self, source: dict) -> None:
         from roll_spotlight.dispatch import QueueConfig
-        from roll_spotlight.dispatch.actor import create_queue_actor
+        from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
         from roll_spotlight.elastic.rendezvous import RendezvousHost
-        from roll_spotlight.models.source import load_policy
         from roll_spotlight.runtime.executor import RolloutExecutor
+        from roll_spotlight.runtime.policy_source import load_policy
         from roll_spotlight.weights import WeightStore
 
         self.source = source

@@ -221,7 +221,7 @@ def saved_mechanisms(path: Path) -> dict[str, dict]:
 
 def _mechanism(name: str, cfg: SuiteConfig) -> dict:
     if name == "planner":
-        from roll_spotlight.tools.bench.planner import run_planner_bench
+        from roll_spotlight.tools.bench.planner_bench import run_planner_bench
 
         if cfg.smoke:
             return run_planner_bench(seeds=cfg.planner_seeds, n_prompts=8, group_size=4, workers=4)

@@ -63,7 +63,7 @@ from typing import Sequence
 
 import numpy as np
 
-from roll_spotlight.exploration.planner import (
+from roll_spotlight.exploration.bandit import (
     BanditPlanner,
     OraclePlanner,
     PlannerConfig,

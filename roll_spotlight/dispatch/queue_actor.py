@@ -261,7 +261,7 @@ def create_queue_actor(
     queue from the journal, so nothing submitted, leased, committed or completed is lost. Without
     one a dead queue stays dead (its state lived only in that process).
     """
-    from roll_spotlight.placement import on_driver_node
+    from roll_spotlight.driver_node import on_driver_node
 
     options: dict = {"enable_task_events": task_events} | ({} if name is None else {"name": name}) | on_driver_node()
     if journal is not None:

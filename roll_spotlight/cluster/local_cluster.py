@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
 from roll_spotlight.config.strict import require_choice, require_int
 from roll_spotlight.spot.market import EventKind, SpotMarket
 from roll_spotlight.spot.notices import PROVIDERS
@@ -52,7 +53,7 @@ from roll_spotlight.spot.pool import MarketSchedule
 log = logging.getLogger(__name__)
 
 LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
-SPOT_RESOURCE, ONDEMAND_RESOURCE, SPOT_LABEL = "spot_gpu", "ondemand_gpu", "spot=true"
+SPOT_LABEL = "spot=true"
 # Memory (RSS) of a spot node: `ray start`, raylet, dashboard and runtime-env agents and the
 # notice agent (NODE_BASE_MB), plus one rollout worker (torch + the tiny policy) per GPU; the head
 # with the driver and the on-demand worker take HEAD_MB. Sized from a soak's peak (docs/cluster.md).
@@ -152,7 +153,7 @@ class LocalCluster:
 
     def start(self) -> str:
         """Start the head and the metadata stub; returns the GCS address (127.0.0.1:port)."""
-        from roll_spotlight.tools.metadata_stub import MetadataStub
+        from roll_spotlight.cluster.metadata_stub import MetadataStub
 
         if self.config.provider != "k8s":
             self.stub = MetadataStub(self.config.provider)
@@ -220,7 +221,7 @@ class LocalCluster:
 
     def _start_agent(self, name: str) -> subprocess.Popen:
         cfg = self.config
-        cmd = [sys.executable, "-m", "roll_spotlight.tools.notice_agent", "--provider", cfg.provider,
+        cmd = [sys.executable, "-m", "roll_spotlight.cluster.notice_agent", "--provider", cfg.provider,
                "--address", self.address, "--node-name", name, "--poll-s", str(cfg.agent_poll_s), "--timeout-s", "2",
                "--retry-s", "0.5", "--notice-s", str(cfg.notice_s), "--grace-s", str(cfg.notice_s), "-v"]
         if self.stub is not None:
@@ -276,7 +277,7 @@ class LocalCluster:
         self._wait(lambda: wanted <= set(self._alive_names() or ()), f"spot nodes {sorted(wanted)}", timeout_s)
 
     def _alive_names(self) -> set[str] | None:
-        from roll_spotlight.runtime.node_drain import rpc_errors
+        from roll_spotlight.cluster.node_drain import rpc_errors
 
         try:
             return set(self.node_ids())

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from roll_spotlight.elastic.planner import (
+from roll_spotlight.elastic.group_plan import (
     Plan,
     SPGroup,
     degree_for_resolution,
@@ -240,7 +240,7 @@ def test_large_cluster_plan_is_valid_deterministic_and_keeps_most_survivors() ->
 def test_survivors_below_the_minimum_degree_wait_and_merge_with_a_newcomer() -> None:
     """min_degree=4 (a model that fits only split four ways): node b's loss leaves a's two GPUs
     unable to form a group, so they wait; node c's arrival lets them form a group of 4 again."""
-    from roll_spotlight.elastic.planner import floor_profile
+    from roll_spotlight.elastic.group_plan import floor_profile
 
     full = plan_groups({"a": [0, 1], "b": [0, 1]}, num_heads=24, preferred_degree=4, min_degree=4)
     assert [g.degree for g in full.groups] == [4] and full.idle == ()

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from roll_spotlight.exploration.placement import SpotPlacement
+from roll_spotlight.exploration.spot_share import SpotPlacement
 
 
 def test_before_both_sides_are_measured_half_the_workers_explore_first():

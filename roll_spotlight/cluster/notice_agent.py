@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from roll_spotlight.spot.notices import (PROVIDERS, BadAnswer, HttpAnswer, HttpRequest, Notice, ProviderConfig,
                                          make_provider, sigterm_notice)
 
-log = logging.getLogger("roll_spotlight.notice_agent")
+log = logging.getLogger("roll_spotlight.cluster.notice_agent")
 
 MAX_BODY = 65536  # metadata answers are a few hundred bytes; never read more than this
 # no proxies: metadata servers are link-local and must never be asked through an HTTP proxy
@@ -114,7 +114,7 @@ class NodeLink:
         self._thread.start()
 
     def _find(self) -> None:
-        from roll_spotlight.runtime.node_drain import rpc_errors
+        from roll_spotlight.cluster.node_drain import rpc_errors
 
         errors = rpc_errors()
         while not self.stop.is_set():
@@ -132,7 +132,7 @@ class NodeLink:
     def drain(self, notice: Notice, clock: Callable[[], float] = time.time) -> bool:
         """Drain the node with the notice's deadline, retrying until accepted, the deadline has
         passed, or ``stop``; True once the GCS accepted it."""
-        from roll_spotlight.runtime.node_drain import rpc_errors
+        from roll_spotlight.cluster.node_drain import rpc_errors
 
         errors = rpc_errors()
         message = f"spot preemption ({notice.provider}: {notice.detail})"
@@ -189,7 +189,7 @@ def local_ip_towards(address: str) -> str:
 
 
 def _selector(args):
-    from roll_spotlight.runtime.node_drain import NodeSelector
+    from roll_spotlight.cluster.node_drain import NodeSelector
 
     if not args.address:
         raise ValueError("--address (or $RAY_ADDRESS) must name the Ray cluster's GCS host:port")
@@ -200,7 +200,7 @@ def _selector(args):
 
 def run(args, *, drainer=None, stop: threading.Event | None = None) -> int:
     """The agent (``drainer`` replaces the Ray one: tests)."""
-    from roll_spotlight.runtime.node_drain import RayNodeDrainer
+    from roll_spotlight.cluster.node_drain import RayNodeDrainer
 
     if args.provider not in PROVIDERS:
         raise ValueError(f"--provider {args.provider!r} is not one of {list(PROVIDERS)}")

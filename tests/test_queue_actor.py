@@ -13,7 +13,7 @@ from roll_spotlight.dispatch import (  # noqa: E402
     RequestSpec,
     Schedule,
 )
-from roll_spotlight.dispatch.actor import QueueClient, create_queue_actor  # noqa: E402
+from roll_spotlight.dispatch.queue_actor import QueueClient, create_queue_actor  # noqa: E402
 
 pytestmark = pytest.mark.ray
 SCHEDULE = Schedule(num_steps=10, noise_level=0.7)

@@ -2,7 +2,7 @@
 did while they trained."""
 from __future__ import annotations
 
-from roll_spotlight.report import _training_lines
+from roll_spotlight.run_report import _training_lines
 
 ROW = {"train/micro_batches": 10.0, "train/micro_batches_trainer": 4.0, "train/micro_batches_spot": 3.0,
        "train/workers": 4.0, "train/spot_workers": 1.0, "train/reports_refused": 0.0, "train/spot_saved_s": 2.5}

@@ -7,7 +7,7 @@ import torch
 
 from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.exploration import RankMonitor, RankReport
-from roll_spotlight.runtime.exploration import ExplorationRound
+from roll_spotlight.runtime.exploration_round import ExplorationRound
 from roll_spotlight.startup import start_run
 from roll_spotlight.training.metrics import read_metrics
 from tests.runtime_helpers import random_policy, tiny_config
@@ -108,7 +108,7 @@ def test_fallback_to_random_seeds_when_rank_is_low(tmp_path, caplog, monkeypatch
 
 def test_explore_schedule_defaults_to_the_rollouts_and_rescales_the_window():
     from roll_spotlight.dispatch.requests import Schedule
-    from roll_spotlight.runtime.exploration import explore_schedule
+    from roll_spotlight.runtime.exploration_round import explore_schedule
 
     roll = Schedule(10, 0.7, "sde", 2, 5)
     cfg = tiny_config("exploration.mode=stale").exploration

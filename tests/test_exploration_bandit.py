@@ -14,7 +14,7 @@ from roll_spotlight.exploration import (
     UniformPlanner,
     select_max_variance,
 )
-from roll_spotlight.exploration.planner import _two_values, seed_stream
+from roll_spotlight.exploration.bandit import _two_values, seed_stream
 from roll_spotlight.exploration.select import max_variance
 from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, ConstantReward
 from roll_spotlight.exploration.value import (
