@@ -116,7 +116,7 @@ def check_emulation(cfg, placement: WorkerPlacement) -> None:
     """`--emulate GPU`, `--time-scale`: a known GPU, a time-scale > 0, a memory plan that fits the
     emulated GPU, and no more emulated GPUs than this machine holds. Errors name the option."""
     from roll_spotlight.models.memory_plan import fit_errors
-    from roll_spotlight.runtime.emulated import check_capacity, emulated_gpus
+    from roll_spotlight.cluster.emulated_nodes import check_capacity, emulated_gpus
     from roll_spotlight.sim.gpus import gpu_spec
 
     try:
@@ -298,14 +298,14 @@ def emulated_run(cfg, placement: WorkerPlacement):
 
 
 def spot_nodes(cfg, placement: WorkerPlacement):
-    """An emulated run's spot raylets (`runtime.emulated.TraceRaylets`), else nothing to start:
+    """An emulated run's spot raylets (`cluster.emulated_nodes.TraceRaylets`), else nothing to start:
     the run joins `placement.address` (or a local Ray)."""
     if placement.emulate is None or not cfg.spot.enabled:
         return _NoNodes(placement.address)
     if cfg.spot.source == "cluster":
         raise ValueError("--emulate: spot.source=cluster names a real cluster's spot nodes; an emulated run "
                          "starts its own (spot.source: market, and the trace to replay)")
-    from roll_spotlight.runtime.emulated import TraceRaylets
+    from roll_spotlight.cluster.emulated_nodes import TraceRaylets
 
     return TraceRaylets(cfg.spot, ondemand_gpus=placement.workers + 1, time_scale=placement.time_scale)
 

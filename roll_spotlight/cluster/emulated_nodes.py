@@ -1,0 +1,126 @@
+"""The spot nodes of an emulated run (`runtime.emulated`): raylets of a one-machine cluster that the
+run's spot trace starts, drains through the notice bridge and kills at the emulation's time-scale,
+and the check that this machine can hold the emulated GPUs at all.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from roll_spotlight.cluster.local_cluster import (HEAD_MB, NODE_BASE_MB, ClusterTraceDriver, LocalCluster,
+                                                  LocalClusterConfig, available_memory_mb)
+from roll_spotlight.runtime.spot_pool import training_market
+from roll_spotlight.spot.market import EventKind
+from roll_spotlight.spot.pool import MarketSchedule
+
+# Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
+# training stand-ins, no model (a Qwen-Image worker holds the model on its GPU, not here).
+EMULATED_WORKER_MB = 300.0
+
+
+def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
+    """(on-demand GPUs: the trainer and its rollout workers, spot nodes at the pool's peak)."""
+    return 1 + ondemand_workers, cfg.spot.max_workers if cfg.spot.enabled else 0
+
+
+def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None) -> None:
+    """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
+    process each, and a raylet per spot node (`cluster.local_cluster`)."""
+    ondemand, nodes = gpus
+    per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
+    need = HEAD_MB + ondemand * EMULATED_WORKER_MB + nodes * per_node
+    available = available_memory_mb() if available_mb is None else available_mb
+    if need > available:
+        fits = max(0, int((available - HEAD_MB - ondemand * EMULATED_WORKER_MB) // per_node))
+        raise ValueError(f"--emulate: {ondemand} on-demand GPUs and {nodes} spot nodes of {gpus_per_node} GPUs need "
+                         f"about {need / 1024:.1f} GiB and this machine has {available / 1024:.1f} GiB available: "
+                         f"at most {fits} spot nodes (spot.max_workers) here")
+
+
+class LeadingSchedule:
+    """A market's events on its wall clock, with every node's NODE_UP ``lead_s`` early (a node
+    that joins later than the window start): `spot.pool.MarketSchedule` for a harness whose
+    nodes take ``lead_s`` to come up."""
+
+    def __init__(self, market, lead_s: float) -> None:
+        self._deadlines = MarketSchedule(market)
+        early = [replace(e, time_s=max(0.0, e.time_s - lead_s)) if e.kind is EventKind.NODE_UP and e.time_s > 0
+                 else e for e in market.events]
+        self._events = sorted(early, key=lambda e: e.time_s)
+        self._next = 0
+
+    def due(self, now: float) -> list:
+        start = self._next
+        while self._next < len(self._events) and self._events[self._next].time_s <= now:
+            self._next += 1
+        return self._events[start:self._next]
+
+    def deadline(self, node_id: str) -> float | None:
+        return self._deadlines.deadline(node_id)
+
+
+class TraceRaylets:
+    """The spot nodes of an emulated run: raylets of a one-machine cluster (`cluster.local_cluster`)
+    that the run's spot trace starts, drains through the notice bridge and kills, at the
+    emulation's time-scale; the run follows them as a real cluster (``spot.source: cluster``).
+
+    A context manager: on entry the head is up and the trace window's initial fleet registered;
+    `start()` sets the trace's clock going (once the run's workers are up); the exit stops the
+    trace and ends every process of the cluster."""
+
+    POLL_S = 0.1
+    # wall seconds a raylet takes from `ray start` to registering on a 2-core machine (measured:
+    # docs/cluster.md); a joining node's raylet starts this much ahead of its trace time, so the
+    # run sees it join on time rather than this x the time-scale later
+    RAYLET_START_S = 5.0
+
+    def __init__(self, spot, ondemand_gpus: int, time_scale: float) -> None:
+        self.market = training_market(replace(spot, compression=time_scale))
+        self.spot, self.ondemand_gpus = spot, ondemand_gpus
+        self.cluster = self.driver = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> TraceRaylets:
+        provider = self.market.trace.provider
+        # raylets on a busy machine miss heartbeats: declare one dead after 9 s of silence, not 3
+        config = LocalClusterConfig(gpus_per_node=self.spot.gpus_per_node, ondemand_gpus=self.ondemand_gpus,
+                                    provider=provider, notice_s=self.market.notice_s, health_check_period_ms=3000)
+        self.cluster = LocalCluster(config).__enter__()
+        try:
+            self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time())
+            self.driver.schedule = LeadingSchedule(self.market, self.RAYLET_START_S)
+            self.driver.tick(0.0)  # the window's initial fleet, before the run's pool looks
+            self.cluster.wait_registered(list(self.cluster.nodes))
+        except BaseException:
+            self.cluster.close()
+            raise
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def start(self) -> None:
+        """The trace's clock starts now (its time 0 was the initial fleet's)."""
+        self.driver.epoch0 = time.time()
+        self._thread = threading.Thread(target=self._follow, name="trace-raylets", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            try:
+                self.driver.tick(time.time() - self.driver.epoch0)
+            except Exception as err:  # re-raised by the exit: a trace that stopped is not a trace
+                self.error = err
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.cluster.close()
+        if self.error is not None and exc[0] is None:
+            raise RuntimeError("the spot trace stopped driving the raylets") from self.error
