@@ -267,6 +267,8 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
         try:
             if write_config:
                 write_run_config(cfg, run_dir)
+            if placement.emulate is not None:
+                write_emulation(cfg, placement, source, run_dir)
             nodes.start()
             return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
         finally:
@@ -295,6 +297,24 @@ def emulated_run(cfg, placement: WorkerPlacement):
     config = None if cfg.model.preset != "tiny" else mp.tiny_transformer_config(cfg.model)
     params = mp.lora_parameters(config, lora.rank, tuple(lora.target_modules)) if lora else mp.count_parameters(config)
     return cfg, emulation_of(cfg, placement.emulate, placement.time_scale, adapter_bytes=4.0 * params)
+
+
+def write_emulation(cfg, placement: WorkerPlacement, emulation, run_dir: Path) -> None:
+    """``emulation.json`` beside an emulated run, for its report: the GPU, the time-scale, the
+    workload the durations come from, and the memory plan on that GPU (GiB per role)."""
+    import json
+
+    from roll_spotlight.sim.gpus import gpu_spec
+
+    spec = gpu_spec(placement.emulate)
+    fitted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gpu_memory_gb=spec.memory_gib))
+    plan = memory_plan_of(fitted, placement)
+    roles = {role: round(plan.total_gib(role), 2) for role in ("trainer", "rollout")}
+    payload = {"gpu": spec.name, "gpu_memory_gib": spec.memory_gib, "time_scale": placement.time_scale,
+               "workload": dataclasses.asdict(emulation.workload), "adapter_bytes": emulation.adapter_bytes,
+               "memory_plan_gib": roles}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "emulation.json").write_text(json.dumps(payload, indent=2))
 
 
 def spot_nodes(cfg, placement: WorkerPlacement):
