@@ -134,10 +134,8 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
                     sp_degree=(placement or WorkerPlacement()).sp_degree, gpu_memory_gb=model.gpu_memory_gb)
     if model.preset == "qwen_image":
         return mp.memory_plan(mp.transformer_config_from_dir(Path(model.path) / "transformer"), **settings)
-    tiny = {"patch_size": 2, "in_channels": 12, "out_channels": 3, "num_layers": model.num_layers,
-            "attention_head_dim": model.attention_head_dim, "num_attention_heads": model.num_attention_heads,
-            "joint_attention_dim": model.joint_attention_dim, "axes_dims_rope": list(model.axes_dims_rope)}
-    return mp.memory_plan(tiny, **settings, vae_scale_factor=1, vae_params=0, text_encoder_params=0)
+    return mp.memory_plan(model.tiny_transformer(), **settings, vae_scale_factor=model.patch_size // 2,
+                          vae_params=0, text_encoder_params=0)
 
 
 def check_prompt_files(cfg) -> None:
