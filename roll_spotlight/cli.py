@@ -112,15 +112,35 @@ def _check_only(cfg, args) -> int:
     return 0
 
 
+# Minutes on 2 quiet cores for configs/quickstart.yaml as it ships (docs/measurements.md, "The
+# quickstart": estimated from CPU seconds measured beside the quiet 2 x 2-patch run): pretraining
+# the base, and the Ray run (start-up, iterations, validations, report).
+QUICKSTART_MINUTES = {"pretrain": 2, "run": 10}
+
+
+def _say(line: str) -> None:
+    print(f"spotlight quickstart: {line}", file=sys.stderr, flush=True)
+
+
 def cmd_quickstart(args) -> int:
     """Pretrain (or load) the tiny base, train on Ray with the quickstart config, write the report."""
     from roll_spotlight.run_report import write_report
+    from roll_spotlight.training.pretrain import base_path, load_or_pretrain
 
     config = args.config or "configs/quickstart.yaml"
     cfg = _with_trace(_load_run_config(config, args.override), args.trace)
     set_threads(args.threads)  # on a first run the driver alone pretrains the base: every core
     run_dir = Path(args.run_dir or Path(cfg.output_dir) / cfg.exp_name)
     args.ray, args.address = True, None
+    shipped = not args.config and not args.override  # the minutes were measured for it alone
+    about = {part: f", about {m} min on 2 cores" if shipped else "" for part, m in QUICKSTART_MINUTES.items()}
+    if cfg.model.preset == "tiny" and not base_path(cfg).is_file():
+        _say(f"pretraining the tiny base ({cfg.pretrain.steps} steps, first run only{about['pretrain']}; "
+             f"cached in {base_path(cfg).parent}) ...")
+        load_or_pretrain(cfg, progress=not args.no_progress)
+    _say(f"{cfg.max_steps} iterations of Flow-GRPO on a local Ray cluster"
+         f"{' with spot workers' if cfg.spot.enabled else ''}{about['run']}: "
+         f"starting Ray and validating the base on {cfg.task.val_prompts} prompt/seed pairs first ...")
     result = _train(cfg, run_dir, args, None)
     report = write_report(run_dir)
     print(json.dumps(result.summary(), indent=2))

@@ -121,7 +121,8 @@ def write_report(run_dir: Path) -> Path:
     lines = [f"# Run report: {run_dir.name}", "", "All figures are measured on the machine that ran it.", ""]
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
-        lines += _summary_lines(json.loads(summary_path.read_text()))
+        summary = json.loads(summary_path.read_text())
+        lines += _summary_lines(summary) + _variation_lines(summary.get("config", {}))
     lines += ["![curves](curves.png)", ""]
     lines += _sample_lines(run_dir)
     lines += _training_lines(rows)
@@ -168,6 +169,39 @@ def _summary_lines(summary: dict) -> list[str]:
                   "(0-255) of the black background away from the shapes, and the spread of that mean over the "
                   "pixel positions of one token's patch (a texture on the patch grid); `tasks.shapes.artefacts`.", ""]
     return lines
+
+
+# The quickstart's run-to-run spread, measured once on configs/quickstart.yaml as it ships
+# (docs/measurements.md, "How much a run varies", with the command).
+QUICKSTART_SPREAD = {"seeds": (0, 1, 2), "gains": (0.110, 0.063, 0.044), "z": (5.1, 3.2, 2.4)}
+
+
+def _variation_lines(config: dict) -> list[str]:
+    """What makes this run differ from another: its seed, and where Ray's timing and the spot market
+    enter; for the quickstart, the spread of the gain measured over seeds."""
+    if "seed" not in config:
+        return []
+    explore = config.get("exploration", {}).get("mode") == "stale"
+    spot = config.get("spot", {}).get("enabled", False)
+    lines = [f"Seed {config['seed']} (it draws the prompts, the rollouts' seeds and the SDE windows); the base is "
+             f"pretrained with pretrain.seed {config.get('pretrain', {}).get('seed')} and cached, so later runs of "
+             "any seed start from the same weights."]
+    if spot:
+        lines.append(f"The spot market replays on the wall clock ({config['spot'].get('compression', 1):g}x faster), "
+                     "so when notices and preemptions fall differs from run to run; a rollout is a pure function of "
+                     "(weights, prompt, seed, schedule), resumed bit for bit after a commit, and an update sums its "
+                     "micro-batches in id order, so preemptions alone do not change the curve.")
+    if explore:
+        lines.append("Stale exploration runs while each update trains and stops when it ends, so how many seeds it "
+                     "explores, and so which seeds the next iteration trains on, depends on how fast the workers "
+                     "run: on Ray two runs of the same seed can differ.")
+    if config.get("exp_name") == "quickstart":
+        gains = QUICKSTART_SPREAD["gains"]
+        cells = ", ".join(f"{g:+.3f} (seed {s}, z {z:.1f})"
+                          for s, g, z in zip(QUICKSTART_SPREAD["seeds"], gains, QUICKSTART_SPREAD["z"]))
+        lines.append(f"Measured once over seeds of `configs/quickstart.yaml` as it ships (docs/measurements.md): "
+                     f"paired gains {cells}; spread {min(gains):+.3f} to {max(gains):+.3f}.")
+    return ["## How much a run varies", "", " ".join(lines), ""]
 
 
 def _count(n: float, noun: str) -> str:

@@ -181,8 +181,8 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
         folder = Path(model.path) / "transformer"
         config = mp.transformer_config_from_dir(folder) if folder.is_dir() else None
         return mp.memory_plan(config, **settings)
-    return mp.memory_plan(mp.tiny_transformer_config(model), **settings, vae_scale_factor=1, vae_params=0,
-                          text_encoder_params=0)
+    return mp.memory_plan(model.tiny_transformer(), **settings, vae_scale_factor=model.patch_size // 2,
+                          vae_params=0, text_encoder_params=0)
 
 
 def check_prompt_files(cfg) -> None:
@@ -294,7 +294,7 @@ def emulated_run(cfg, placement: WorkerPlacement):
         spot = dataclasses.replace(cfg.spot, source="cluster", trace=None, gpu_type=cfg.spot.gpu_type or "H100")
         cfg = dataclasses.replace(cfg, spot=spot)
     lora = cfg.train.lora
-    config = None if cfg.model.preset != "tiny" else mp.tiny_transformer_config(cfg.model)
+    config = None if cfg.model.preset != "tiny" else cfg.model.tiny_transformer()
     params = mp.lora_parameters(config, lora.rank, tuple(lora.target_modules)) if lora else mp.count_parameters(config)
     return cfg, emulation_of(cfg, placement.emulate, placement.time_scale, adapter_bytes=4.0 * params)
 

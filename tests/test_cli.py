@@ -77,3 +77,47 @@ def test_train_report_and_resume(tmp_path, monkeypatch, capsys):
     assert main(["train", "--resume", str(run_dir), "--no-progress", "-o", "max_steps=3"]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
+
+
+class _Ran:
+    def summary(self) -> dict:
+        return {}
+
+
+def test_quickstart_says_what_it_does_before_it_does_it(tmp_path, monkeypatch, capsys):
+    """The first lines name the phase and, for the shipped config, its measured minutes; the base is
+    pretrained (first run only) before Ray starts."""
+    import roll_spotlight.cli as cli
+    import roll_spotlight.run_report as report
+    from roll_spotlight.training.pretrain import base_path
+
+    monkeypatch.setenv("SPOTLIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(report, "write_report", lambda run_dir: run_dir / "report.md")
+    started = []
+    monkeypatch.setattr(cli, "_train", lambda cfg, *a: started.append(base_path(cfg).is_file()) or _Ran())
+    small = ["pretrain.steps=3", "pretrain.batch_size=4", "pretrain.eval_samples=4", "model.num_layers=1",
+             "task.train_prompts=16", "task.val_prompts=8"]
+    args = ["quickstart", "--config", str(REPO / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path / "run"),
+            "--no-progress", "--threads", "1", *[x for o in small for x in ("-o", o)]]
+    assert main(args) == 0
+    first = capsys.readouterr().err.splitlines()
+    assert first[0].startswith("spotlight quickstart: pretraining the tiny base (3 steps, first run only; cached in")
+    assert "20 iterations of Flow-GRPO" in first[1] and "8 prompt/seed pairs" in first[1] and "min" not in first[1]
+    assert main(args) == 0  # cached: straight to Ray
+    assert "pretraining" not in capsys.readouterr().err and started == [True, True]
+
+
+def test_the_shipped_quickstart_names_its_measured_minutes(monkeypatch, capsys):
+    import roll_spotlight.cli as cli
+    import roll_spotlight.run_report as report
+    import roll_spotlight.training.pretrain as pretrain
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(report, "write_report", lambda run_dir: run_dir / "report.md")
+    monkeypatch.setattr(pretrain, "base_path", lambda cfg: REPO / "no-such-base.pt")
+    monkeypatch.setattr(pretrain, "load_or_pretrain", lambda cfg, progress: None)
+    monkeypatch.setattr(cli, "_train", lambda *a: _Ran())
+    assert main(["quickstart", "--run-dir", "unused", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"first run only, about {cli.QUICKSTART_MINUTES['pretrain']} min on 2 cores" in err
+    assert f"with spot workers, about {cli.QUICKSTART_MINUTES['run']} min on 2 cores" in err

@@ -58,6 +58,10 @@ def tiny() -> TinyShapesDiT:
         ({"max_sequence_length": 2048}, "model.max_sequence_length"),
         ({"prediction": "epsilon"}, "model.prediction"),
         ({"preset": "qwen_image", "path": "x", "prediction": "sample"}, "model.prediction"),
+        ({"patch_size": 3}, "model.patch_size"),
+        ({"patch_size": 0}, "model.patch_size"),
+        ({"patch_size": 4, "image_size": 34}, "model.image_size"),
+        ({"preset": "qwen_image", "path": "x", "patch_size": 4}, "model.patch_size"),
     ],
 )
 def test_config_validation_names_the_key(overrides, key):
@@ -151,6 +155,23 @@ def test_tiny_encode_decode_round_trip(tiny):
     assert torch.allclose(tiny.decode(latents), img, atol=1e-6)
     with pytest.raises(ValueError, match="encode_images"):
         tiny.encode_images(images(size=16))
+
+
+@pytest.mark.parametrize("patch", [2, 4, 8])
+def test_a_token_is_one_patch_of_patch_size_pixels(patch):
+    """`model.patch_size` p: (32/p)^2 tokens of 3 p^2 channels, each holding exactly one p x p patch."""
+    policy = make_tiny(patch_size=patch, num_layers=1)
+    n = (32 // patch) ** 2
+    assert policy.latent_shape == (n, 3 * patch * patch) and policy.image_seq_len == n
+    img = images()
+    assert torch.allclose(policy.decode(policy.encode_images(img)), img, atol=1e-6)
+    lit = torch.zeros(1, 3, 32, 32)
+    lit[0, :, patch:2 * patch, 3 * patch:4 * patch] = 1.0  # the patch at row 1, column 3
+    tokens = (policy.encode_images(lit)[0] > 0).any(-1).nonzero().flatten().tolist()
+    assert tokens == [32 // patch + 3] and int((policy.encode_images(lit)[0] > 0).sum()) == 3 * patch * patch
+    latents, sigma = noisy_inputs(policy)
+    with torch.no_grad():
+        assert policy.velocity(latents, sigma, policy.encode_prompts(PROMPTS)).shape == (2, n, 3 * patch * patch)
 
 
 def test_velocity_rejects_mismatched_shapes(tiny):

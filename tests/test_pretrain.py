@@ -61,11 +61,11 @@ def test_schedule_sigmas_follow_the_samplers_shift():
     assert float((logit > 0.9).float().mean()) < 0.05 < float((draws > 0.9).float().mean())
 
 
-def test_base_key_covers_layout_sigmas_and_loss_floor():
+def test_base_key_covers_layout_sigmas_loss_floor_and_patch_size():
     plain = ["task.layout=free", "pretrain.sigma_sampling=logit_normal", "pretrain.loss_min_sigma=0.05"]
     keys = {P.base_key(_cfg(*plain, *o)) for o in ([], ["task.layout=slots"], ["pretrain.sigma_sampling=schedule"],
-                                                   ["pretrain.loss_min_sigma=0.3"])}
-    assert len(keys) == 4
+                                                   ["pretrain.loss_min_sigma=0.3"], ["model.patch_size=4"])}
+    assert len(keys) == 5
 
 
 def test_pretrain_tags_pick_the_pretraining_world_and_the_key():

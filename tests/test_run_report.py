@@ -25,3 +25,25 @@ def test_preemptions_during_updates_are_counted_in_words():
 
 def test_a_run_without_queue_training_has_no_section():
     assert _training_lines([{"reward_mean": 0.5}]) == []
+
+
+def test_the_report_says_the_seed_and_where_timing_enters():
+    from roll_spotlight.run_report import _variation_lines
+
+    config = {"seed": 3, "exp_name": "mine", "pretrain": {"seed": 0}, "exploration": {"mode": "stale"},
+              "spot": {"enabled": True, "compression": 30.0}}
+    text = "\n".join(_variation_lines(config))
+    assert "Seed 3 " in text and "pretrain.seed 0" in text
+    assert "30x faster" in text and "Stale exploration" in text
+    assert "Measured once" not in text  # the measured spread belongs to the quickstart's recipe only
+    quiet = "\n".join(_variation_lines(dict(config, exploration={"mode": "off"}, spot={"enabled": False})))
+    assert "Seed 3 " in quiet and "spot market" not in quiet and "Stale exploration" not in quiet
+
+
+def test_the_quickstart_report_gives_the_measured_spread():
+    from roll_spotlight.run_report import QUICKSTART_SPREAD, _variation_lines
+
+    text = "\n".join(_variation_lines({"seed": 0, "exp_name": "quickstart", "pretrain": {"seed": 0}}))
+    gains = QUICKSTART_SPREAD["gains"]
+    assert len(gains) == len(QUICKSTART_SPREAD["seeds"]) >= 3
+    assert f"spread {min(gains):+.3f} to {max(gains):+.3f}" in text and "configs/quickstart.yaml" in text

@@ -20,10 +20,11 @@ class ModelConfig:
 
     `preset="tiny"` builds `TinyShapesDiT`: a small random-init `QwenImageTransformer2DModel` on
     pixel-space RGB images of `image_size` plus a learned word-level prompt encoder; the
-    architecture knobs below apply to it only. `preset="qwen_image"` loads a diffusers-format
-    pipeline directory from `path` (never downloads); `max_sequence_length` caps its text tokens and
-    `prompt_cache_size` bounds how many prompts' embeddings are kept (on the CPU, least recently
-    used dropped first; a Qwen-Image prompt of T tokens takes T x 3584 x 2 bytes, ~0.2 MB at T = 30).
+    architecture knobs below apply to it only (`patch_size`, pixels per token side: the image
+    tokens, and with them most of the FLOPs, fall with its square). `preset="qwen_image"` loads a
+    diffusers-format pipeline directory from `path` (never downloads); `max_sequence_length` caps
+    its text tokens and `prompt_cache_size` bounds how many prompts' embeddings are kept (on the
+    CPU, least recently used dropped first; a Qwen-Image prompt of T tokens takes T x 3584 x 2 bytes, ~0.2 MB at T = 30).
     `path` is not read by `build_policy` for the tiny preset (a tiny base checkpoint is loaded
     with `load_tiny_policy`).
 
@@ -41,6 +42,7 @@ class ModelConfig:
     prediction: str | None = None   # None: "sample" for tiny, "velocity" for qwen_image
     gradient_checkpointing: bool = False
     image_size: int = 32
+    patch_size: int = 2   # tiny: pixels per token side (even); qwen_image packs latents 2x2 (must be 2)
     device: str = "cpu"
     # tiny architecture
     num_layers: int = 2
@@ -109,8 +111,20 @@ class ModelConfig:
                 f"got {self.joint_attention_dim}"
             )
 
+    def tiny_transformer(self) -> dict:
+        """The tiny model's diffusers transformer config: a token is a `patch_size` x `patch_size`
+        RGB patch, packed as diffusers' 2x2 patch over cells of (patch_size / 2)^2 pixels."""
+        cell = 3 * (self.patch_size // 2) ** 2
+        return {"patch_size": 2, "in_channels": 4 * cell, "out_channels": cell, "num_layers": self.num_layers,
+                "attention_head_dim": self.attention_head_dim, "num_attention_heads": self.num_attention_heads,
+                "joint_attention_dim": self.joint_attention_dim, "axes_dims_rope": list(self.axes_dims_rope)}
+
     def _validate_image_size(self) -> None:
-        multiple = 2 if self.preset == "tiny" else 16
+        if not isinstance(self.patch_size, int) or self.patch_size < 2 or self.patch_size % 2 \
+                or (self.preset != "tiny" and self.patch_size != 2):
+            raise ValueError(f"model.patch_size must be an even int >= 2 (2 for preset 'qwen_image', whose "
+                             f"latents are packed 2x2), got {self.patch_size!r}")
+        multiple = self.patch_size if self.preset == "tiny" else 16
         if self.image_size % multiple:
             raise ValueError(
                 f"model.image_size must be divisible by {multiple} for preset {self.preset!r}, got {self.image_size}"

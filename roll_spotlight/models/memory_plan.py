@@ -180,13 +180,6 @@ def _lora_input_elems(config: Mapping[str, Any], targets: tuple[str, ...]) -> in
     return max(img, txt)
 
 
-def tiny_transformer_config(model) -> dict[str, Any]:
-    """The transformer config of the tiny preset's model section (pixel space, 2x2 patches)."""
-    return {"patch_size": 2, "in_channels": 12, "out_channels": 3, "num_layers": model.num_layers,
-            "attention_head_dim": model.attention_head_dim, "num_attention_heads": model.num_attention_heads,
-            "joint_attention_dim": model.joint_attention_dim, "axes_dims_rope": list(model.axes_dims_rope)}
-
-
 def transformer_config_from_dir(path: str | Path) -> dict[str, Any]:
     """``<path>/transformer/config.json`` (a pipeline directory) or ``<path>/config.json`` as a dict."""
     root = Path(path)

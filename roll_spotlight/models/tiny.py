@@ -5,9 +5,11 @@ dispatcher exercise the same forward as the 20B model) with two substitutions th
 trainable on a CPU in minutes:
 
 - No VAE. The "latent" is the RGB image itself scaled to [-1, 1] (x = 2 * image - 1), packed 2x2
-  like Qwen-Image latents: an image_size x image_size image becomes (image_size/2)^2 tokens of
-  12 channels (in_channels=12, out_channels=3, patch_size=2 in diffusers' terms). `decode` is the
-  inverse and clamps to [0, 1], since sampled latents may leave [-1, 1].
+  like Qwen-Image latents. With `model.patch_size` p a token is a p x p RGB patch: the image is
+  first cut into cells of p/2 x p/2 pixels (stacked as channels, as a VAE's latent pixel stacks its
+  features), then packed 2x2, so an S x S image becomes (S/p)^2 tokens of 3 p^2 channels (p = 2:
+  256 tokens of 12 channels at 32 x 32; p = 4: 64 tokens of 48). `decode` is the inverse and clamps
+  to [0, 1], since sampled latents may leave [-1, 1].
 - No LLM text encoder. A `WordTokenizer` over a closed task vocabulary feeds a small learned
   `PromptEncoder` (trainable with the transformer). Unknown words are an error, not silently
   dropped, because a prompt the task cannot express would otherwise train on garbage.
@@ -126,12 +128,9 @@ class TinyShapesDiT(DiTPolicy):
     def __init__(self, cfg: ModelConfig, vocab: Sequence[str]) -> None:
         if cfg.preset != "tiny":
             raise ValueError(f"TinyShapesDiT needs model.preset='tiny', got {cfg.preset!r}")
-        transformer = QwenImageTransformer2DModel(
-            patch_size=2, in_channels=12, out_channels=3, num_layers=cfg.num_layers,
-            attention_head_dim=cfg.attention_head_dim, num_attention_heads=cfg.num_attention_heads,
-            joint_attention_dim=cfg.joint_attention_dim, guidance_embeds=False, axes_dims_rope=cfg.axes_dims_rope,
-        )
-        super().__init__(cfg, transformer, (cfg.image_size, cfg.image_size))
+        transformer = QwenImageTransformer2DModel(**cfg.tiny_transformer(), guidance_embeds=False)
+        self.cell = cfg.patch_size // 2  # pixels per side of one latent "pixel" (see the module docstring)
+        super().__init__(cfg, transformer, (cfg.image_size // self.cell, cfg.image_size // self.cell))
         self.tokenizer = WordTokenizer(vocab, cfg.max_prompt_tokens)
         self.prompt_encoder = PromptEncoder(
             self.tokenizer.vocab_size, cfg.joint_attention_dim, cfg.max_prompt_tokens, cfg.prompt_encoder_layers
@@ -150,13 +149,13 @@ class TinyShapesDiT(DiTPolicy):
         size = self.cfg.image_size
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, size, size):
             raise ValueError(f"encode_images expects (B, 3, {size}, {size}) images, got {tuple(images.shape)}")
-        return pack_2x2(images.float() * 2.0 - 1.0)
+        return pack_2x2(torch.nn.functional.pixel_unshuffle(images.float() * 2.0 - 1.0, self.cell))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed latents -> float32 images in [0, 1] (clamped)."""
         if tuple(latents.shape[1:]) != self.latent_shape:
             raise ValueError(f"decode expects latents (B, {self.latent_shape}), got {tuple(latents.shape)}")
-        grid = unpack_2x2(latents.float(), *self.latent_grid)
+        grid = torch.nn.functional.pixel_shuffle(unpack_2x2(latents.float(), *self.latent_grid), self.cell)
         return ((grid + 1.0) / 2.0).clamp(0.0, 1.0)
 
 

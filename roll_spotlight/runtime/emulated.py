@@ -414,9 +414,9 @@ def workload_of(cfg) -> Workload:
 
     model, s = cfg.model, cfg.sampling
     if model.preset == "tiny":
-        from roll_spotlight.models.memory_plan import count_parameters, tiny_transformer_config
+        from roll_spotlight.models.memory_plan import count_parameters
 
-        shape = {"params_b": count_parameters(tiny_transformer_config(model)) / 1e9, "num_layers": model.num_layers,
+        shape = {"params_b": count_parameters(model.tiny_transformer()) / 1e9, "num_layers": model.num_layers,
                  "hidden_dim": model.num_attention_heads * model.attention_head_dim,
                  "num_heads": model.num_attention_heads, "text_tokens": model.max_prompt_tokens}
     else:
