@@ -10,6 +10,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 .PHONY: quickstart test bench venv clean compare-roll
 
 $(VENV)/.torch:
+	@echo "setting up $(VENV) (first run only, about 1.5 min): torch 2.13.0 CPU, then this package"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.

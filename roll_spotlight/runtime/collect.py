@@ -16,13 +16,18 @@ import ray
 
 def pump(queue, *, done: Callable[[], bool], on_completions: Callable[[list], None],
          tick: Callable[[], None] = lambda: None, poll_s: float = 0.01) -> None:
-    """Rounds of tick -> take results -> `on_completions(results)` until `done()` after a round."""
+    """Rounds of tick -> take results -> `on_completions(results)` until `done()` after a round.
+    A round that takes nothing doubles the wait before the next (up to 8 x `poll_s`), so a long
+    phase is not a stream of empty calls on the queue actor and the driver."""
+    wait = poll_s
     while True:
         tick()
-        on_completions(ray.get(queue.take_results.remote()))
+        results = ray.get(queue.take_results.remote())
+        on_completions(results)
         if done():
             return
-        time.sleep(poll_s)
+        wait = poll_s if results else min(2 * wait, 8 * poll_s)
+        time.sleep(wait)
 
 
 def collect(queue, specs: Sequence, *, tick: Callable[[], None] = lambda: None,

@@ -47,11 +47,11 @@ __all__ = ["SPRolloutGroup", "check_sp_degree", "check_spot_placement", "open_re
 
 def sp_shape(model_cfg, required: bool = True) -> tuple[int, int] | None:
     """(attention heads, image tokens per request) that Ulysses must divide: the tiny preset's from
-    its config (2x2 pixels per token), Qwen-Image's from its transformer's config.json under
+    its config (`model.patch_size` pixels per token side), Qwen-Image's from its transformer's config.json under
     ``model.path`` (16x16 pixels per token: VAE 8, patch 2). A directory that is not there yet
     (a recipe read before its model is) gives None unless ``required``."""
     if model_cfg.preset == "tiny":
-        return model_cfg.num_attention_heads, (model_cfg.image_size // 2) ** 2
+        return model_cfg.num_attention_heads, (model_cfg.image_size // model_cfg.patch_size) ** 2
     config = Path(model_cfg.path) / "transformer" / "config.json"
     if not config.is_file() and not required:
         return None

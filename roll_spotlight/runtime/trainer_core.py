@@ -38,9 +38,11 @@ class TrainerCore:
         self.strict_fn = strict_scorer() if cfg.task.name == "shapes" else None
         self.artefact_fn = None
         if cfg.task.name == "shapes":  # a black background: what the reward cannot see there
+            import functools
+
             from roll_spotlight.tasks.shapes.artefacts import background_artefacts
 
-            self.artefact_fn = background_artefacts
+            self.artefact_fn = functools.partial(background_artefacts, patch=cfg.model.patch_size)
         self.sigmas = sigma_schedule(cfg.sampling.num_steps, policy.image_seq_len)
         self.weight_version = 0
         self.ema = WeightAverage(policy, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
