@@ -118,7 +118,10 @@ def write_report(run_dir: Path) -> Path:
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a run directory?")
     rows = read_metrics(run_dir)
     plot_curves(rows, run_dir / "curves.png")
+    emulation = run_dir / "emulation.json"
     lines = [f"# Run report: {run_dir.name}", "", "All figures are measured on the machine that ran it.", ""]
+    if emulation.is_file():
+        lines = lines[:2] + _emulation_lines(json.loads(emulation.read_text()), rows)
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
@@ -138,6 +141,25 @@ def write_report(run_dir: Path) -> Path:
     out = run_dir / "report.md"
     out.write_text("\n".join(lines))
     return out
+
+
+def _emulation_lines(emulation: dict, rows: list[dict]) -> list[str]:
+    """An emulated run (`spotlight train --emulate`): the GPU and time-scale, the memory plan on
+    that GPU, and each iteration's time and cost scaled back to the emulated GPUs (EMULATED)."""
+    scale = emulation["time_scale"]
+    plan = ", ".join(f"{role} {gib:.1f} GiB" for role, gib in emulation["memory_plan_gib"].items())
+    lines = [f"EMULATED: a dry run on {emulation['gpu']} GPUs at time-scale {scale:g} (every compute phase waited "
+             "the cost model's duration divided by it; the queue, workers, trainer and spot nodes were real). "
+             "Times below are scaled back to the emulated GPUs; rewards are stand-ins, so validation means "
+             "nothing here; the other figures are measured wall time.", "",
+             f"Memory plan on one {emulation['gpu']} ({emulation['gpu_memory_gib']:g} GiB): {plan}.", "",
+             "| iteration | seconds (EMULATED) | rollout | reward | train | cost so far (USD) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("iteration_s") is None:
+            continue
+        lines.append(f"| {r['step']} | {r['iteration_s'] * scale:.1f} | {r['rollout_s'] * scale:.1f} | "
+                     f"{r['reward_s'] * scale:.1f} | {r['train_s'] * scale:.1f} | {r.get('cost/usd', float('nan')):.2f} |")
+    return lines + [""]
 
 
 def _sample_lines(run_dir: Path) -> list[str]:
