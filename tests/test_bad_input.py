@@ -1,5 +1,5 @@
 """Bad input fails at start-up with a message naming the key, file or line, and leaves no
-half-written run directory behind (issue 9). One test per case.
+half-written run directory behind. One test per case.
 
 `spotlight train` validates and builds everything (config, model directory, reward) before it
 creates the run directory; these cases all fail before any pretraining or rollout.

@@ -40,7 +40,7 @@ def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
                     assert f"| {shape} | {res}x{res} | time | {system} | {against} | 4x | >= 4x |" in report, (
                         shape, res, system, against)
         assert f"| {shape} | 1280x1280 | cost | {systems[2]} | vanilla, equal cost | 1.4-6.4x | >= 6x |" in report
-    assert "## Issue 42 targets" in report and "| time per iteration, Spotlight with spot training |" in report
+    assert "## Spot-training targets" in report and "| time per iteration, Spotlight with spot training |" in report
     for res in (512, 1280):
         assert (out / f"utilisation_{res}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("time_to_target.png", "cost_to_target.png", "convergence.png"):
@@ -100,7 +100,7 @@ def test_headline_products_targets_and_shortfall():
     assert all(r.total.value is None and r.met is None and "not measured" in r.why for r in missing)
 
 
-def test_spot_training_rows_take_vanillas_iterations_and_issue_42_goals():
+def test_spot_training_rows_take_vanillas_iterations_and_spot_training_goals():
     from roll_spotlight.tools.bench.headline import ISSUE42_GOALS, SYSTEMS, goal_rows
 
     def with_train(sim, t_time, t_cost, fair_time, fair_cost):

@@ -32,7 +32,7 @@ def test_small_bench_returns_the_keys():
 
 
 def test_headline_is_against_plain_uniform_allocation():
-    # "uniform" is the uniform allocation: plain round robin, nothing abandoned or replaced.
+    # "uniform" is the benchmark's uniform allocation: plain round robin, nothing abandoned or replaced.
     # "uniform_abandon" adds the planner's abandonment and replacement; both ratios are reported.
     result = run_planner_bench(seeds=3, n_prompts=8, group_size=4, budget_pulls=24, workers=3, preempted_workers=1)
     methods = result["methods"]

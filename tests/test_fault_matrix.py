@@ -1,4 +1,4 @@
-"""The fault matrix of issue 9: one test per row, each with a deterministic injection and a
+"""The fault matrix: one test per row, each with a deterministic injection and a
 comparison with a failure-free run (as torchft's ``fail_at``).
 
 Rows and where they are injected:

@@ -1,4 +1,4 @@
-"""Batched leases in the live rollout worker (`dispatch.pull_batch`, issue 32 part 4).
+"""Batched leases in the live rollout worker (`dispatch.pull_batch`).
 
 A RolloutWorker actor leases up to the queue's ``pull_batch`` requests a call, runs them in order
 and reports them with its next pull. These tests check that batching changes how often the worker

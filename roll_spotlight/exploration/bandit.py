@@ -582,7 +582,7 @@ class BanditPlanner(ExplorationPlanner):
     of eight: 0.042 vs 0.079 at p = 0.1). Where explored rollouts would be trained on (the runtime's
     fresh mode) this costs those rollouts again. At budgets near 4 explored seeds per prompt the
     planner stays under 0.95 of the oracle, which knows constant prompts without exploring them
-    (docs/measurements.md, "The three mechanisms").
+    (docs/measurements.md, "The exploration planner").
     """
 
     def __init__(self, config: PlannerConfig, prompt_ids: Sequence[PromptId],

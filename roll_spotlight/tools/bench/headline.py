@@ -11,7 +11,7 @@ within its budget) makes the product a bound: ``Ratio.bound`` is "exact", "lower
 Spotlight median (Spotlight needs at least that many) is an upper bound; lower / exact is a lower
 bound; lower / lower is unknown. A total that is at most X with X below the target is a miss, by at
 least target / X; a lower bound below the target, or an upper bound above it, decides nothing.
-:func:`headline` returns one row per (resolution, metric) with the issue's target, whether it is
+:func:`headline` returns one row per (resolution, metric) with the project's target, whether it is
 met, by how much it is missed, and why (from the simulated phases).
 
 Three spot systems stand in the rows (``SYSTEMS``): naive spot (rollouts only), Spotlight today
@@ -21,8 +21,8 @@ Spotlight's is measured. Two vanillas stand against each: ``vanilla`` on the sam
 (equal on-demand), and the fair-cost vanilla on the on-demand GPUs that system's dollars buy
 (``sim.budget``: equal cost). Both take vanilla's measured iterations. When neither side's
 iterations are known exactly (both medians censored), the ratio of the censored medians is shown
-beside the row as what it is (not a bound), never as the result. ``ISSUE42_GOALS`` are issue 42's
-targets for spot training, checked by :func:`goal_rows`. Pure: no I/O, no plotting.
+beside the row as what it is (not a bound), never as the result. ``ISSUE42_GOALS`` are the
+spot-training targets, checked by :func:`goal_rows`. Pure: no I/O, no plotting.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from roll_spotlight.sim.baselines import Training, get_baseline
 from roll_spotlight.sim.budget import fair_cost_baseline
 
-# Issue 8 targets: Spotlight vs vanilla, time to target >= 4x; cost to target >= 2x at 512^2, >= 6x at 1280^2.
+# Headline targets: Spotlight vs vanilla, time to target >= 4x; cost to target >= 2x at 512^2, >= 6x at 1280^2.
 TARGETS: dict[int, dict[str, float]] = {512: {"time": 4.0, "cost": 2.0}, 1280: {"time": 4.0, "cost": 6.0}}
 METRIC_KEYS = {"time": "time_per_iteration_s", "cost": "cost_per_iteration_usd"}
 FAIR_COST_BASELINE = "vanilla_fair_cost"
@@ -266,10 +266,10 @@ def time_and_cost_to_target(estimates: Mapping[str, Mapping[str, Any]], sim: Map
     return out
 
 
-# ---------------------------------------------------------------------------------- issue 42's targets
+# ------------------------------------------------------------------------------ the spot-training targets
 @dataclass(frozen=True)
 class Goal:
-    """One target of issue 42 for ``system`` on cluster shape ``shape`` (the suite's shape name):
+    """One spot-training target for ``system`` on cluster shape ``shape`` (the suite's shape name):
     ``scope`` "per_iteration" (simulated alone) or "to_target" (x the iterations ratio)."""
 
     system: str
@@ -281,7 +281,7 @@ class Goal:
     target: float
 
 
-# Issue 42: per-iteration time of spot training vs the equal-on-demand vanilla, 8 + 8 at 512, >= 1.8x;
+# Spot training: per-iteration time vs the equal-on-demand vanilla, 8 + 8 at 512, >= 1.8x;
 # cost to target >= 2x at the paper's 4 + 8 and the spot-heavy shape, 512 and 1280 (both vanillas reported).
 ISSUE42_GOALS: tuple[Goal, ...] = (
     Goal("spotlight_train", "today", 512, "time", "per_iteration", "vanilla", 1.8),

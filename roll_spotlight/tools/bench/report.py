@@ -117,15 +117,15 @@ def _header(result) -> str:
 
 
 def _goals_section(estimates, result) -> str:
-    """Issue 42's targets for spot training, each met or missed with its number."""
+    """The spot-training targets, each met or missed with its number."""
     shapes = _named_shapes(result)
     if not shapes:
         return ""
     labels = {name: _shape_label(name, sims) for name, sims in shapes.items()}
-    lines = ["## Issue 42 targets: Spotlight with spot training", "",
+    lines = ["## Spot-training targets: Spotlight with spot training", "",
              "Per-iteration figures are SIMULATED; to-target figures are the SIMULATED per-iteration ratio x the "
              "iterations ratio, 1.00 by construction for spot training (it computes vanilla's update; vanilla's "
-             "iterations are MEASURED). Both vanillas are reported for the cost targets; the issue names no one.", "",
+             "iterations are MEASURED). Both vanillas are reported for the cost targets; the targets name no one.", "",
              "| target | cluster | resolution | against | target | ours | met? | missed by |",
              "|---|---|---|---|---|---|---|---|"]
     for row in goal_rows(estimates, shapes):
@@ -161,7 +161,7 @@ def _headline_section(estimates, shapes, result) -> str:
              "and *equal cost* (vanilla on the on-demand GPUs that system's dollars buy; GPU counts below). The "
              "reference column multiplies the per-iteration ratio by the ratio of the censored medians when the "
              "measured ratio is undetermined: not a result and not a bound.", "",
-             "| cluster (SIMULATED) | resolution | to target | system | against | PAPER (reported) | target (issue 8) "
+             "| cluster (SIMULATED) | resolution | to target | system | against | PAPER (reported) | project target "
              "| ours | = iterations ratio | x per-iteration ratio (SIMULATED) | at the censored medians' ratio "
              "(reference) | met? | missed by |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -173,7 +173,7 @@ def _headline_section(estimates, shapes, result) -> str:
                      f"| {BASELINE_LABELS[r.baseline]} | {paper} | >= {r.target:g}x | **{_ratio_text(r, r.total)}** "
                      f"| {iters} | {r.per_iteration:.2f}x | {ref} | {_met_text(r)} | {_shortfall_text(r)} |")
     lines += ["", "The paper gives one speedup (4x) and one cost range (1.4-6.4x) for both resolutions together and no "
-              "cluster shape; the per-resolution targets are issue 8's. 'undetermined': both iteration counts "
+              "cluster shape; the per-resolution targets are the project's. 'undetermined': both iteration counts "
               "were measured but are lower bounds (see the bold line), so neither the ratio nor the total is known.",
               "",
               "Why, per cluster, resolution and system (the time row against the equal-on-demand vanilla; the "
@@ -216,7 +216,7 @@ def _spot_training_section(result, shapes) -> str:
         f"Per micro-batch and report (today's shape): {per_res}.", "",
         "**Changed for every spot row**: a weight version published to the spot workers is the LoRA adapters "
         f"({table['lora_adapter_gb']['value']:g} GB, {shapes[0][1][min(phases)]['phases']['publish_s']:.2f} s at the "
-        f"network's bandwidth), not the whole model as before this issue ({full_gb:.0f} GB, {full_gb / net:.1f} s): "
+        f"network's bandwidth), not the whole model as before ({full_gb:.0f} GB, {full_gb / net:.1f} s): "
         "every Qwen-Image config here trains flow_grpo's LoRA. All rows were re-simulated with it.", "",
         f"**Assumed constants** (the rest cite a datasheet, a config or a measurement; table near the end): "
         f"{', '.join(f'`{n}`' for n in assumed)}."])
@@ -502,7 +502,7 @@ def _mean_rank(ranks) -> str:
 def _mechanism_section(result, figs) -> str:
     mech = result.get("mechanisms") or {}
     lines = ["## Mechanism benchmarks (MEASURED on this machine) beside the paper", "",
-             "| benchmark | metric | ours (MEASURED) | issue target | PAPER (reported) |", "|---|---|---|---|---|"]
+             "| benchmark | metric | ours (MEASURED) | project target | PAPER (reported) |", "|---|---|---|---|---|"]
     p = mech.get("planner") or {}
     if "planner_over_uniform" in p:
         lines += [f"| planner | planner_over_uniform (plain round robin) | {_f(p['planner_over_uniform'], 3)} "

@@ -53,7 +53,7 @@ FULL_CONVERGENCE_SEEDS = (0, 1, 2)
 FULL_CONVERGENCE_OVERRIDES = ("max_steps=10", "eval_steps=5")
 # The paper's cluster as secondhand accounts give it: 4 reserved (priced on-demand here) + 8 spot GPUs.
 PAPER_SHAPE = ("paper", 4, 8)
-# Most GPUs spot (issue 42): where spot GPUs that train shorten the update most.
+# Most GPUs spot: where spot GPUs that train shorten the update most.
 SPOT_HEAVY_SHAPE = ("spot-heavy", 2, 14)
 RESULTS_DIR = Path("benchmarks/results")
 RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
