@@ -101,7 +101,7 @@ def test_headline_products_targets_and_shortfall():
 
 
 def test_spot_training_rows_take_vanillas_iterations_and_spot_training_goals():
-    from roll_spotlight.tools.bench.headline import ISSUE42_GOALS, SYSTEMS, goal_rows
+    from roll_spotlight.tools.bench.headline import SPOT_TRAINING_GOALS, SYSTEMS, goal_rows
 
     def with_train(sim, t_time, t_cost, fair_time, fair_cost):
         sim["baselines"]["spotlight_train"] = {"time_per_iteration_s": t_time, "cost_per_iteration_usd": t_cost,
@@ -123,7 +123,7 @@ def test_spot_training_rows_take_vanillas_iterations_and_spot_training_goals():
     assert all(r.total.value is None for r in rows if r.system == "spotlight")
     shapes = {"today": sims, "paper": {512: with_train(_sim(200.0, 100.0, 10.0, 8.0), 50.0, 4.0, 150.0, 7.0)}}
     goals = {(g.goal.shape, g.goal.resolution, g.goal.baseline): g for g in goal_rows(censored, shapes)}
-    assert len(goals) == len(ISSUE42_GOALS) == 9
+    assert len(goals) == len(SPOT_TRAINING_GOALS) == 9
     per_iter = goals[("today", 512, "vanilla")]
     assert per_iter.value.value == pytest.approx(2.5) and per_iter.met is True       # >= 1.8
     assert goals[("paper", 512, "vanilla")].value.value == pytest.approx(2.5) and goals[("paper", 512, "vanilla")].met

@@ -21,7 +21,7 @@ Spotlight's is measured. Two vanillas stand against each: ``vanilla`` on the sam
 (equal on-demand), and the fair-cost vanilla on the on-demand GPUs that system's dollars buy
 (``sim.budget``: equal cost). Both take vanilla's measured iterations. When neither side's
 iterations are known exactly (both medians censored), the ratio of the censored medians is shown
-beside the row as what it is (not a bound), never as the result. ``ISSUE42_GOALS`` are the
+beside the row as what it is (not a bound), never as the result. ``SPOT_TRAINING_GOALS`` are the
 spot-training targets, checked by :func:`goal_rows`. Pure: no I/O, no plotting.
 """
 from __future__ import annotations
@@ -283,7 +283,7 @@ class Goal:
 
 # Spot training: per-iteration time vs the equal-on-demand vanilla, 8 + 8 at 512, >= 1.8x;
 # cost to target >= 2x at the paper's 4 + 8 and the spot-heavy shape, 512 and 1280 (both vanillas reported).
-ISSUE42_GOALS: tuple[Goal, ...] = (
+SPOT_TRAINING_GOALS: tuple[Goal, ...] = (
     Goal("spotlight_train", "today", 512, "time", "per_iteration", "vanilla", 1.8),
     *(Goal("spotlight_train", shape, res, "cost", "to_target", baseline, 2.0)
       for shape in ("paper", "spot-heavy") for res in (512, 1280) for baseline in VANILLAS),
@@ -299,7 +299,7 @@ class GoalRow:
 
 
 def goal_rows(estimates: Mapping[str, Mapping[str, Any]], shapes: Mapping[str, Mapping[int, Mapping[str, Any]]],
-              goals: tuple[Goal, ...] = ISSUE42_GOALS) -> list[GoalRow]:
+              goals: tuple[Goal, ...] = SPOT_TRAINING_GOALS) -> list[GoalRow]:
     """Each goal against the simulations by shape name (then resolution)."""
     rows = []
     for goal in goals:
