@@ -143,6 +143,8 @@ class Coordinator:
         return self._finish(self.last)
 
     def iteration(self, it: int) -> dict:
+        # every key ending in _s is a time (durations; started_s is the epoch second the iteration
+        # began): the only keys that may differ between two runs of the same seed
         t0, started_at = time.monotonic(), time.time()
         specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
         stats: dict = {}
@@ -177,7 +179,7 @@ class Coordinator:
         return stats | {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                         "rollout_s": t_roll - t0, "reward_s": t_reward - t_roll, "train_s": t_train - t_reward,
                         "iteration_s": t_train - t0, "weight_version": self.backend.weight_version,
-                        "started_at": started_at}
+                        "started_s": started_at}
 
     # --- exploration (docs/design.md section 3) ---------------------------------------------------
     def _mode(self) -> str:

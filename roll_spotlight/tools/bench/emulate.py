@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +221,8 @@ def control_plane(events: list[dict], steady: list[dict], scale: float) -> dict:
     """Where the GPUs' time went in the steady iterations, as shares of (GPUs x wall time): compute
     phases, queue round trips (``queue_s`` of the workers' phases), weight fetches and the publish,
     regroups, commits on notice; idle is the rest (waiting for others, polling an empty queue)."""
-    start = steady[0]["started_at"]
-    end = steady[-1]["started_at"] + steady[-1]["iteration_s"]
+    start = steady[0]["started_s"]
+    end = steady[-1]["started_s"] + steady[-1]["iteration_s"]
     workers = {e["worker"] for e in events if e["phase"] in ("rollout", "train") and e["worker"] not in ("trainer",)}
     span = max(end - start, 1e-9) * max(len(workers), 1)
     spent: dict[str, float] = {}
