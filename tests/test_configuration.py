@@ -5,8 +5,8 @@ from typing import Literal
 
 import pytest
 
-from roll_spotlight.config.strict import (ConfigError, from_dict, load_config, require_choice, require_int,
-                                          require_literals, require_number, to_dict)
+from roll_spotlight.checks import require_choice, require_int, require_literals, require_number
+from roll_spotlight.config.strict import ConfigError, from_dict, load_config, to_dict
 from roll_spotlight.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
-from roll_spotlight.config.strict import require_choice, require_int
+from roll_spotlight.checks import require_choice, require_int
 from roll_spotlight.spot.market import EventKind, SpotMarket
 from roll_spotlight.spot.notices import PROVIDERS
 from roll_spotlight.spot.pool import MarketSchedule

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll_spotlight.config.strict import require, require_choice, require_each, require_int, require_number
+from roll_spotlight.checks import require, require_choice, require_each, require_int, require_number
 from roll_spotlight.spot.market import COUNT_MODELS, VICTIM_RULES
 from roll_spotlight.spot.notices import PROVIDERS
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roll_spotlight.config.strict import (require, require_choice, require_each, require_int, require_literals,
-                                          require_number)
+from roll_spotlight.checks import (require, require_choice, require_each, require_int, require_literals,
+                                   require_number)
 from roll_spotlight.dispatch.queue import QueueConfig
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.models.lora import LoraConfig

@@ -3,92 +3,26 @@
 ROLL parses its YAML with dacite in non-strict mode, which silently drops unknown keys. A typo in a
 spot or exploration key would then run a different experiment than the one written down, so the
 standalone host is strict: every key must be a field, every value must have the field's type, and
-each component's ``__post_init__`` checks impossible values with the helpers below (`require`,
-`require_int`, `require_number`, `require_choice`), so every error has one shape: the dotted key,
-the rule and the value given; `from_dict` adds the file when known.
+each component's ``__post_init__`` checks impossible values with `roll_spotlight.checks`, so every
+error has one shape: the dotted key, the rule and the value given; `from_dict` adds the file when
+known.
 
-Only the standard library is imported here (every config class may import it); OmegaConf is
+Only the standard library is imported here; OmegaConf is
 imported when a file is loaded.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A user-facing configuration error; the message names the key (and file)."""
-
-
-def require(cond: bool, key: str, value: Any, rule: str) -> None:
-    """ValueError ``"<key> <rule>, got <value>"`` unless ``cond``: the one shape of a config error."""
-    if not cond:
-        raise ValueError(f"{key} {rule}, got {value!r}")
-
-
-def require_int(key: str, value: Any, bound: str = ">= 1", *, optional: bool = False, why: str = "") -> None:
-    """An integer (a bool is not one) within ``bound`` (`in_bound`); None too when ``optional``."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and in_bound(value, bound)
-    require(ok or (optional and value is None), key, value, _rule("an integer", bound, optional, why))
-
-
-def require_number(key: str, value: Any, bound: str = "> 0", *, optional: bool = False, why: str = "") -> None:
-    """A finite number (int or float, not a bool) within ``bound``; None too when ``optional``."""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and in_bound(value, bound))
-    require(ok or (optional and value is None), key, value, _rule("a finite number", bound, optional, why))
-
-
-def require_choice(key: str, value: Any, choices: Iterable[Any], *, optional: bool = False) -> None:
-    """One of ``choices``; None too when ``optional``."""
-    choices = list(choices)
-    null = "null or " if optional else ""
-    require(value in choices or (optional and value is None), key, value, f"must be {null}one of {choices}")
-
-
-def require_literals(obj: Any, prefix: str) -> None:
-    """Every field of dataclass ``obj`` typed ``Literal[...]`` (or ``Literal[...] | None``) holds one
-    of its values: what `from_dict` checks of YAML, checked of a config built in Python too."""
-    for name, tp in typing.get_type_hints(type(obj)).items():
-        args = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
-        literals = [a for a in args if get_origin(a) is Literal]
-        if literals:
-            require_choice(_join(prefix, name), getattr(obj, name), get_args(literals[0]),
-                           optional=type(None) in args)
-
-
-def require_each(obj: Any, prefix: str, names: Iterable[str], check: Callable[..., None], *args, **kwargs) -> None:
-    """``check(prefix.name, obj.name, *args, **kwargs)`` for each of ``names``."""
-    for name in names:
-        check(_join(prefix, name), getattr(obj, name), *args, **kwargs)
-
-
-_BOUND = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")
-_RANGE = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])$")
-
-
-def in_bound(value: float, bound: str) -> bool:
-    """Is ``value`` within ``bound``: ``">= 1"``, ``"> 0"``, ``"<= 1024"`` or an interval such as
-    ``"[0, 1)"`` (brackets include their end)? The bound is also the message's wording."""
-    if match := _BOUND.match(bound):
-        op, limit = match.group(1), float(match.group(2))
-        return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
-    match = _RANGE.match(bound)
-    assert match, f"not a bound: {bound!r}"
-    lo, lo_end, hi_end, hi = float(match.group(2)), match.group(1), match.group(4), float(match.group(3))
-    return (value >= lo if lo_end == "[" else value > lo) and (value <= hi if hi_end == "]" else value < hi)
-
-
-def _rule(what: str, bound: str, optional: bool, why: str) -> str:
-    where = f"in {bound}" if bound[0] in "[(" else bound
-    return f"must be {'null or ' if optional else ''}{what} {where}{f' {why}' if why else ''}"
 
 
 def from_dict(cls: type[T], data: Any, *, key: str = "", source: str | None = None) -> T:

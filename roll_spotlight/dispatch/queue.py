@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from roll_spotlight.config.strict import require_each, require_int, require_number
+from roll_spotlight.checks import require_each, require_int, require_number
 from roll_spotlight.dispatch.requests import (
     KIND_ORDER,
     Completion,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any, Iterable, Mapping
 
-from roll_spotlight.config.strict import require, require_number
+from roll_spotlight.checks import require, require_number
 from roll_spotlight.elastic.comm import generation_prefix
 from roll_spotlight.elastic.group_plan import Member, Plan, SPGroup, moves, plan_groups, valid_degrees
 from roll_spotlight.elastic.rendezvous import group_memberships

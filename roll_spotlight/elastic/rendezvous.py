@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from roll_spotlight.config.strict import require_choice
+from roll_spotlight.checks import require_choice
 
 __all__ = ["Rendezvous", "RendezvousHost", "SPMembership", "group_memberships", "is_loopback"]
 

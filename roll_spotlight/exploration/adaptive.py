@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_int
+from roll_spotlight.checks import require_int
 
 
 def random_subset_variance(values: Sequence[float], k: int) -> float:

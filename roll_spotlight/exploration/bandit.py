@@ -52,7 +52,7 @@ from typing import Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
-from roll_spotlight.config.strict import require, require_choice, require_each, require_int, require_number
+from roll_spotlight.checks import require, require_choice, require_each, require_int, require_number
 from roll_spotlight.exploration.budget import SeedCostModel, ExplorationBudget
 from roll_spotlight.exploration.prior import DonorPool, PopulationPrior, PriorConfig, is_continuous
 from roll_spotlight.exploration.select import SELECTORS, get_selector

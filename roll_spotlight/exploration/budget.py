@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll_spotlight.config.strict import require, require_number
+from roll_spotlight.checks import require, require_number
 
 
 @dataclass

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_each, require_int, require_number
+from roll_spotlight.checks import require_each, require_int, require_number
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_choice, require_int, require_number
+from roll_spotlight.checks import require_choice, require_int, require_number
 
 logger = logging.getLogger(__name__)
 

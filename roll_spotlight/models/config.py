@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roll_spotlight.config.strict import require, require_choice, require_each, require_int, require_number
+from roll_spotlight.checks import require, require_choice, require_each, require_int, require_number
 
 PRESETS = ("tiny", "qwen_image")
 DTYPES = ("float32", "bfloat16")

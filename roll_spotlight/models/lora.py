@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from roll_spotlight.config.strict import require, require_choice, require_int, require_number
+from roll_spotlight.checks import require, require_choice, require_int, require_number
 
 #: flow_grpo's Qwen-Image target modules (names relative to a `QwenImageTransformerBlock`).
 QWEN_IMAGE_TARGET_MODULES: tuple[str, ...] = (

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_each, require_int, require_number
+from roll_spotlight.checks import require_each, require_int, require_number
 from roll_spotlight.tasks.prompt_files import GENEVAL_CLASSES
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_choice, require_number
+from roll_spotlight.checks import require_choice, require_number
 from roll_spotlight.rewards.base import Reward, RewardOutput
 from roll_spotlight.tasks.shapes.detect import DetectorConfig, score
 from roll_spotlight.tasks.shapes.prompts import parse_prompt

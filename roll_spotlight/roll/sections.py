@@ -45,7 +45,8 @@ from roll_spotlight.config.run import (
     SpotConfig,
     TaskConfig,
 )
-from roll_spotlight.config.strict import ConfigError, from_dict, require, require_each, require_int, require_number
+from roll_spotlight.config.strict import ConfigError, from_dict
+from roll_spotlight.checks import require, require_each, require_int, require_number
 from roll_spotlight.models.config import ModelConfig
 
 ROLE_NAMES = ("actor_train", "actor_infer", "reward")

@@ -65,7 +65,7 @@ from typing import Iterator
 
 import numpy as np
 
-from roll_spotlight.config.strict import require, require_choice, require_int, require_number
+from roll_spotlight.checks import require, require_choice, require_int, require_number
 from roll_spotlight.spot.traces import CountSeries, EventList, Trace
 
 NOTICE_S_BY_PROVIDER = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}

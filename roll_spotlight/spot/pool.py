@@ -39,7 +39,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from roll_spotlight.config.strict import require, require_each, require_int, require_number
+from roll_spotlight.checks import require, require_each, require_int, require_number
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind, MarketEvent, SpotMarket
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from roll_spotlight.config.strict import require, require_number
+from roll_spotlight.checks import require, require_number
 from roll_spotlight.spot.traces import Trace, TraceFormatError
 
 POOL_KINDS = ("ondemand", "spot")

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from roll_spotlight.config.strict import require_choice, require_each, require_int, require_number
+from roll_spotlight.checks import require_choice, require_each, require_int, require_number
 from roll_spotlight.spot.traces import PROVIDERS, EventList, NodeEvent, Trace
 
 logger = logging.getLogger(__name__)

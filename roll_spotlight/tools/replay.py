@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from roll_spotlight.config.cluster import TraceRunConfig
-from roll_spotlight.config.strict import require_number
+from roll_spotlight.checks import require_number
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
                                         MarketConfig, SpotMarket)
