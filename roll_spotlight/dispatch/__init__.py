@@ -6,8 +6,7 @@ there, or through this package's lazy attributes, which load ray only on first u
 """
 from __future__ import annotations
 
-import importlib
-
+from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.dispatch.queue import (
     TRANSITIONS,
     ManualClock,
@@ -40,11 +39,7 @@ _LAZY = {
     "create_queue_actor": "roll_spotlight.dispatch.queue_actor",
 }
 
-
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

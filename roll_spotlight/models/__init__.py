@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import importlib
-
+from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.models.lora import LoraConfig
 
@@ -58,7 +57,4 @@ def build_policy(cfg: ModelConfig, vocab: Sequence[str] | None = None):
         raise ValueError(f"model.preset must be 'tiny' or 'qwen_image', got {cfg.preset!r}")
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -12,9 +12,7 @@ ROLL-free parts: `sections` (the typed Spotlight sections and recipe validation)
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.roll.environment import (
     EnvironmentProblem,
     EnvironmentReport,
@@ -33,10 +31,9 @@ _LAZY = {
 __all__ = ["EnvironmentProblem", "EnvironmentReport", "check_environment", "roll_available", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'roll_spotlight.roll' has no attribute {name!r}")
+def _require_roll() -> None:
     if not roll_available():
         check_environment()  # raises EnvironmentProblem with install instructions
-    return getattr(importlib.import_module(module), name)
+
+
+__getattr__ = lazy_exports(__name__, _LAZY, before=_require_roll)

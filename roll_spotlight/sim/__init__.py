@@ -10,19 +10,13 @@ loaded on first use, so ``python -m roll_spotlight.sim.run`` does not import ``r
 """
 from __future__ import annotations
 
-import importlib
-
+from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.sim.baselines import BASELINES, BaselineSpec, get_baseline
 from roll_spotlight.sim.costmodel import CONSTANTS, Constant, CostModel
 from roll_spotlight.sim.engine import EventLoop
 
-_LAZY = {"main", "project", "simulate", "time_to_target"}
-
-
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module("roll_spotlight.sim.run"), name)
+_LAZY = dict.fromkeys(("main", "project", "simulate", "time_to_target"), "roll_spotlight.sim.run")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["BASELINES", "CONSTANTS", "BaselineSpec", "Constant", "CostModel", "EventLoop",

@@ -6,8 +6,7 @@
 """
 from __future__ import annotations
 
-import importlib
-
+from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.weights.versions import WeightVersions
 
 _LAZY = {
@@ -19,11 +18,7 @@ _LAZY = {
     "WeightStore": "roll_spotlight.weights.store",
 }
 
-
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["WeightVersions", *_LAZY]
