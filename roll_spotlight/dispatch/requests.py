@@ -128,25 +128,17 @@ class RequestSpec:
                    kind=RequestKind.TRAIN, iteration=iteration, micro_batch=micro_batch)
 
 
-@dataclass(frozen=True)
-class Request:
+@dataclass(frozen=True, kw_only=True)
+class Request(RequestSpec):
     """One rollout of (prompt, seed, schedule), or one training micro-batch, under one weight
-    version. ``request_id`` is assigned by the queue, unique and increasing in submission order."""
+    version: a `RequestSpec` with the ``request_id`` the queue assigned, unique and increasing in
+    submission order."""
 
     request_id: int
-    prompt_id: int
-    prompt: str
-    seed: int
-    schedule: Schedule
-    weight_version: int
-    kind: RequestKind
-    iteration: int
-    priority: int = 0
-    micro_batch: MicroBatch | None = None
 
     @classmethod
     def from_spec(cls, request_id: int, spec: RequestSpec) -> Request:
-        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(RequestSpec)}
         return cls(request_id=request_id, **values)
 
 

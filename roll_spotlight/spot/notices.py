@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-from roll_spotlight.config.strict import require_number
+from roll_spotlight.checks import require_number
 
 PROVIDERS = ("aws", "gcp", "azure", "k8s")
 AWS_ACTIONS = frozenset({"stop", "terminate", "hibernate"})
@@ -136,15 +136,21 @@ def _json(answer: HttpAnswer) -> object:
 # Providers
 
 
-class AwsImds:
-    """EC2 IMDSv2 spot ``instance-action`` (see the module docstring)."""
+class _Provider:
+    """What each provider's client holds: its config and its metadata server's base URL."""
 
-    name = "aws"
+    name: str
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
-        self.base = (config.endpoint or DEFAULT_ENDPOINTS["aws"]).rstrip("/")
-        self.token: str | None = None
+        self.base = (config.endpoint or DEFAULT_ENDPOINTS[self.name]).rstrip("/")
+
+
+class AwsImds(_Provider):
+    """EC2 IMDSv2 spot ``instance-action`` (see the module docstring)."""
+
+    name = "aws"
+    token: str | None = None
 
     def next_request(self) -> HttpRequest:
         if self.token is None:
@@ -178,16 +184,12 @@ class AwsImds:
         return 0.0 if request.step == "token" else self.config.poll_s
 
 
-class GcpMetadata:
+class GcpMetadata(_Provider):
     """GCE metadata ``instance/preempted`` with ``wait_for_change`` (see the module docstring)."""
 
     name = "gcp"
     FLAVOR = {"Metadata-Flavor": "Google"}
-
-    def __init__(self, config: ProviderConfig) -> None:
-        self.config = config
-        self.base = (config.endpoint or DEFAULT_ENDPOINTS["gcp"]).rstrip("/")
-        self.etag: str | None = None
+    etag: str | None = None
 
     def next_request(self) -> HttpRequest:
         url = f"{self.base}/computeMetadata/v1/instance/preempted"
@@ -217,15 +219,14 @@ class GcpMetadata:
         return 0.0 if self.etag is not None else self.config.poll_s
 
 
-class AzureScheduledEvents:
+class AzureScheduledEvents(_Provider):
     """Azure IMDS Scheduled Events ``Preempt`` (see the module docstring)."""
 
     name = "azure"
     METADATA = {"Metadata": "true"}
 
     def __init__(self, config: ProviderConfig) -> None:
-        self.config = config
-        self.base = (config.endpoint or DEFAULT_ENDPOINTS["azure"]).rstrip("/")
+        super().__init__(config)
         self.vm_name = config.vm_name
 
     def next_request(self) -> HttpRequest:

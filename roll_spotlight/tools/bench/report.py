@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from roll_spotlight.sim.baselines import BASELINES
 from roll_spotlight.tools.bench import plots
-from roll_spotlight.tools.bench.headline import (BASELINE_LABELS, SPOT_TRAINING_GOALS, SYSTEM_LABELS, SYSTEMS, GoalRow,
+from roll_spotlight.tools.bench.headline import (BASELINE_LABELS, SYSTEM_LABELS, SYSTEMS,
                                                 HeadlineRow, ceilings, goal_rows, headline, iterations_note,
                                                 time_and_cost_to_target)
 from roll_spotlight.tools.bench.paper import PAPER_CLAIMS, paper_text
