@@ -91,6 +91,32 @@ def test_the_recipes_shape_reaches_the_cost_model(prompts):
     assert durations.denoise_step_s(4) < durations.denoise_step_s(1) < workload.durations("a100").denoise_step_s(1)
 
 
+def test_the_simulator_and_the_emulated_workers_model_one_workload(prompts):
+    from roll_spotlight.sim.workload import Workload
+    from roll_spotlight.tools.bench.emulate import ROWS, EmulateBenchConfig, row_cost_model
+
+    for row in ROWS:
+        workload = workload_of(recipe(prompts, f"model.image_size={row.resolution}"))
+        assert Workload.of(row_cost_model(EmulateBenchConfig(), row), row.resolution) == workload
+    # max_sequence_length caps a prompt's tokens; it is not the prompt's length
+    assert workload.text_tokens == 128
+    assert workload_of(recipe(prompts, "model.max_sequence_length=64")).text_tokens == 64
+
+
+def test_the_bench_window_starts_with_a_full_fleet_and_holds_a_notice_then_a_preemption():
+    from roll_spotlight.spot.market import EventKind, MarketConfig, SpotMarket
+    from roll_spotlight.spot.traces import load_trace, traces_root
+    from roll_spotlight.tools.bench.emulate import GPUS_PER_SPOT_NODE, ROWS, TRACE, EmulateBenchConfig, trace_window
+
+    trace, row = load_trace(traces_root() / TRACE), ROWS[0]
+    start = trace_window(trace, row, EmulateBenchConfig())
+    cap = row.spot // GPUS_PER_SPOT_NODE
+    market = SpotMarket(trace, MarketConfig(cap_nodes=cap, start_s=start))
+    assert len(market.alive_at(0.0)) == cap
+    kinds = [ev.kind for ev in market.events_between(1e-9, 1_000.0) if ev.kind is not EventKind.NODE_UP]
+    assert kinds[:2] == [EventKind.NOTICE, EventKind.NODE_DOWN]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--emulate", "tpu"], "--emulate: unknown GPU 'tpu'; known GPUs"),
     (["--emulate", "h100", "--time-scale", "0"], "--time-scale must be > 0"),

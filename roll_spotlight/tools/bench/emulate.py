@@ -5,7 +5,7 @@ Spotlight exploring, Spotlight with spot training) it runs ``--iterations`` iter
 Qwen-Image OCR recipe on emulated GPUs (`runtime.emulated`: the real queue, workers, trainer, spot
 pool, elastic SP and notice bridge, every compute phase waiting its calibrated duration divided by
 the row's time-scale), with the spot nodes as raylets that one window of the AWS p3 trace starts,
-drains and kills at that time-scale; and the simulator on the same shape, trace window and seed.
+drains and kills at that time-scale (`trace_window`); and the simulator on the same shape, trace window and seed.
 
 Per row and system: the emulated time per iteration (wall x time-scale, iterations 2..K: the first
 one loads weights) and its cost from the run's ledger, the simulator's prediction and their ratio,
@@ -124,22 +124,36 @@ def _prompt_files(folder: Path) -> Path:
 
 
 def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
-    """The trace second the window starts at: the busiest window of the spot fleet over the
-    simulator's span of the run (its Spotlight iterations), so the rows see preemptions."""
+    """The trace second the window starts at: the first at which the capped spot fleet is full and
+    after which a node gets its notice and goes during the steady iterations (the simulator's span
+    of the run, less its first iteration), so every spot row sees a preemption with notice while
+    the spot GPUs otherwise serve; 0 when the trace has no such window."""
     from roll_spotlight.sim.run import simulate
-    from roll_spotlight.tools.replay import busiest_window
+    from roll_spotlight.spot.market import EventKind, MarketConfig, SpotMarket
 
     span = simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=("spotlight_train",), seed=cfg.seed,
-                    cost_model=_cost_model(cfg.gpu), gpus_per_spot_node=GPUS_PER_SPOT_NODE,
+                    cost_model=row_cost_model(cfg, row), gpus_per_spot_node=GPUS_PER_SPOT_NODE,
                     spot_host_gpus=GPUS_PER_SPOT_NODE)["baselines"]["spotlight_train"]["sim_end_s"]
-    return busiest_window(trace, span, cap_nodes=row.spot // GPUS_PER_SPOT_NODE, seed=cfg.seed)
+    cap = row.spot // GPUS_PER_SPOT_NODE
+    market = SpotMarket(trace, MarketConfig(cap_nodes=cap, seed=cfg.seed))
+    first = span / cfg.iterations + market.notice_s  # the notice, too, after the first iteration
+    downs = sorted(ev.time_s for ev in market.events if ev.kind is EventKind.NODE_DOWN)
+    for up in sorted({ev.time_s for ev in market.events if ev.kind is EventKind.NODE_UP}):
+        if len(market.alive_at(up)) == cap and any(up + first <= d < up + span for d in downs):
+            return up
+    return 0.0
 
 
-def _cost_model(gpu: str):
-    from roll_spotlight.sim.costmodel import CostModel
+def row_cost_model(cfg: EmulateBenchConfig, row: Row):
+    """The cost model of the recipe's workload at the row's resolution on ``cfg.gpu``: the one the
+    emulated workers wait on (`runtime.emulated.workload_of`), so both sides model one shape."""
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.config.strict import load_config
+    from roll_spotlight.runtime.emulated import workload_of
 
-    return CostModel().with_gpu(gpu)
+    recipe = load_config(RunConfig, cfg.recipe, [f"model.image_size={row.resolution}"])
+    return workload_of(recipe).cost_model(cfg.gpu)
 
 
 def simulated(trace, row: Row, cfg: EmulateBenchConfig, window: float) -> dict:
@@ -147,7 +161,7 @@ def simulated(trace, row: Row, cfg: EmulateBenchConfig, window: float) -> dict:
     from roll_spotlight.sim.run import simulate
 
     return simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
-                    iterations=cfg.iterations, baselines=cfg.systems, seed=cfg.seed, cost_model=_cost_model(cfg.gpu),
+                    iterations=cfg.iterations, baselines=cfg.systems, seed=cfg.seed, cost_model=row_cost_model(cfg, row),
                     start_s=window, skip_ramp=False, gpus_per_spot_node=GPUS_PER_SPOT_NODE,
                     spot_host_gpus=GPUS_PER_SPOT_NODE)
 
@@ -240,14 +254,18 @@ def control_plane(events: list[dict], steady: list[dict], scale: float) -> dict:
 
 
 def compare(row: Row, system: str, emulated: dict, sim: dict) -> dict:
-    ratio = emulated["time_per_iteration_s"] / sim["time_per_iteration_s"]
+    """One row and system: emulated beside simulated, both over the steady iterations (2..K)."""
+    times = sim.get("iteration_times_s") or []
+    steady = statistics.fmean(times[1:]) if len(times) > 1 else sim["time_per_iteration_s"]
+    ratio = emulated["time_per_iteration_s"] / steady
     summary = {"row": row.name, "system": system, "emulated_s": round(emulated["time_per_iteration_s"], 1),
-               "simulated_s": round(sim["time_per_iteration_s"], 1), "ratio": round(ratio, 3),
+               "simulated_s": round(steady, 1), "ratio": round(ratio, 3),
                "emulated_usd": round(emulated["cost_per_iteration_usd"], 3),
                "simulated_usd": round(sim["cost_per_iteration_usd"], 3)}
     return {"row": dataclasses.asdict(row), "system": system, "emulated": emulated,
-            "simulated": {k: sim.get(k) for k in ("time_per_iteration_s", "cost_per_iteration_usd", "preemptions",
-                                                  "regroups", "phases_per_iteration")},
+            "simulated": {"steady_time_per_iteration_s": steady,
+                          **{k: sim.get(k) for k in ("time_per_iteration_s", "iteration_times_s", "cost_per_iteration_usd",
+                                                     "preemptions", "notices", "regroups", "phases_per_iteration")}},
             "ratio": ratio, "summary": summary}
 
 
