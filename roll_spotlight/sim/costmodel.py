@@ -156,8 +156,8 @@ CONSTANTS: dict[str, Constant] = {
     "notice_azure_s": Constant(30.0, "s", "Azure docs: Scheduled Events Preempt, >= 30 s"),
     # --- prices (used when the trace brings none) ---
     "ondemand_usd_gpu_h": Constant(10.3157, "USD per GPU-hour", "GCP a3-highgpu-8g us-central1 on-demand "
-                                                                 "$82.5254/h / 8 (shared/traces/skynomad-gcp"
-                                                                 "-h100/zones.csv)"),
+                                                                 "$82.5254/h / 8 (spot/data/skynomad-gcp-h100/"
+                                                                 "zones.csv)"),
     "spot_usd_gpu_h": Constant(2.3724, "USD per GPU-hour", "GCP a3-highgpu-8g us-central1 spot $18.979/h "
                                                            "/ 8 (same file)"),
 }

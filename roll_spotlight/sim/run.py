@@ -30,7 +30,7 @@ DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight", "
 SIMULATED_NOTE = ("simulated: cluster time and cost come from the cost model (each constant names its "
                   "source) and the spot trace; explored rewards are synthetic; convergence is not simulated")
 # Mean time between preemption batches by provider, for what-if runs without a trace file
-# (shared/traces/README.md summary table: Bamboo AWS p3 8.6 min; GCP H100 probes 73 min pooled).
+# (`spotlight traces roll_spotlight/spot/data`: Bamboo AWS p3 8.6 min; GCP H100 probes 73 min pooled).
 PROVIDER_MTBP_S = {"aws": 518.0, "gcp": 4380.0, "azure": 4380.0}
 
 _REPORTED = ("time_per_iteration_s", "cost_per_iteration_usd", "spot_idle_fraction",
