@@ -186,8 +186,9 @@ def cmd_make_tiny_qwen(args) -> int:
 
 def cmd_traces(args) -> int:
     from roll_spotlight.spot import summarize_shipped_traces
+    from roll_spotlight.spot.traces import traces_root
 
-    print(json.dumps(summarize_shipped_traces(Path(args.root)), indent=2))
+    print(json.dumps(summarize_shipped_traces(Path(args.root) if args.root else traces_root()), indent=2))
     return 0
 
 
@@ -269,11 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_tiny_qwen)
     p = sub.add_parser("traces", help="statistics of the spot traces in a folder")
-    p.add_argument("root")
+    p.add_argument("root", nargs="?", default=None, help="default: the traces shipped in the package")
     p.set_defaults(func=cmd_traces)
     return parser
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

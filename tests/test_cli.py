@@ -121,3 +121,10 @@ def test_the_shipped_quickstart_names_its_measured_minutes(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"first run only, about {cli.QUICKSTART_MINUTES['pretrain']} min on 2 cores" in err
     assert f"with spot workers, about {cli.QUICKSTART_MINUTES['run']} min on 2 cores" in err
+
+
+def test_traces_without_a_folder_summarises_the_shipped_ones(capsys, monkeypatch):
+    monkeypatch.delenv("SPOTLIGHT_TRACES", raising=False)
+    assert main(["traces"]) == 0
+    names = {t["trace"] for t in json.loads(capsys.readouterr().out)}
+    assert "bamboo-spot-traces/aws/p3-trace.csv" in names and len(names) >= 4
