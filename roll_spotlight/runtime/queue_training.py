@@ -39,6 +39,8 @@ from roll_spotlight.runtime.reports import TRAINER
 from roll_spotlight.runtime.worker_loop import POLL_MIN_S, TRAIN_ONLY, WorkerLoop
 from roll_spotlight.training.micro_batches import Contributions, GradientSum, TrainWork, UpdatePlan, UpdateSums
 
+WAIT_MAX_S = 0.01  # the trainer's longest wait between polls for an update's last micro-batch
+
 
 class GradientInboxServer:
     """The inbox's body (usable without Ray in tests when `queue` is a local QueueServer-like)."""
@@ -160,9 +162,11 @@ class QueueTraining:
 
         if self.pulls:
             WorkerLoop(self.client, self.compute, sink=own, kinds=TRAIN_ONLY).run(idle=finished)
-        else:
+        else:  # each poll is a call to the queue actor the workers are calling: back off a little
+            wait = POLL_MIN_S
             while not finished():
-                time.sleep(POLL_MIN_S)
+                time.sleep(wait)
+                wait = min(2 * wait, WAIT_MAX_S)
         sums = own.sums + ray.get(self.inbox.take.remote(version))
         refused = own.refused + self._inbox_refused() - refused_before
         return UpdateSums(tuple(sums), Contributions.of(sums, refused, time.perf_counter() - t0))
