@@ -157,3 +157,12 @@ def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, 
     assert all(r["train/micro_batches"] == 8 and r["emulated/mismatched_outputs"] == 0 for r in rows)
     assert last["spot/duplicate_completions"] == 0 and last["spot/requests_failed"] == 0
     assert last["cost/bill_scale"] == 4.0
+    # what `spotlight bench emulate` reads of a run: scaled-back times, the control plane's shares
+    from roll_spotlight.tools.bench.emulate import Row, figures
+
+    fig = figures(run_dir, Row("2+2 512", 2, 2, 512, 1, 4.0), "spotlight_train")
+    steady = [r["iteration_s"] * 4.0 for r in rows[1:]]
+    assert fig["time_per_iteration_s"] == pytest.approx(sum(steady) / len(steady))
+    shares = fig["control_plane"]["shares"]
+    assert shares["compute"] > 0 and sum(shares.values()) == pytest.approx(1.0)
+    assert fig["counters"]["spot/preemptions"] == 1 and fig["counters"]["mismatched_outputs"] == 0
