@@ -4,8 +4,9 @@ For each row (on-demand + spot GPUs, resolution, SP degree) and system (vanilla,
 Spotlight exploring, Spotlight with spot training) it runs ``--iterations`` iterations of the
 Qwen-Image OCR recipe on emulated GPUs (`runtime.emulated`: the real queue, workers, trainer, spot
 pool, elastic SP and notice bridge, every compute phase waiting its calibrated duration divided by
-the row's time-scale), with the spot nodes as raylets that one window of the AWS p3 trace starts,
-drains and kills at that time-scale (`trace_window`); and the simulator on the same shape, trace window and seed.
+the row's time-scale), with the spot nodes as raylets that one window of the AWS p3 trace
+(`trace_window`) starts, drains and kills at that time-scale; and the simulator on the same
+shape, trace window and seed.
 
 Per row and system: the emulated time per iteration (wall x time-scale, iterations 2..K: the first
 one loads weights) and its cost from the run's ledger, the simulator's prediction and their ratio,
