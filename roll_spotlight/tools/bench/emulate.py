@@ -238,7 +238,9 @@ COMPUTE = ("rollout", "explore", "train", "reward")
 def control_plane(events: list[dict], steady: list[dict], scale: float) -> dict:
     """Where the GPUs' time went in the steady iterations, as shares of (GPUs x wall time): compute
     phases, queue round trips (``queue_s`` of the workers' phases), weight fetches and the publish,
-    regroups, commits on notice; idle is the rest (waiting for others, polling an empty queue)."""
+    regroups, commits on notice; idle is the rest (waiting for others, polling an empty queue). A
+    fetch and a commit's queue call happen inside their rollout's phase and count in both, so the
+    shares may sum to a little over 1 (idle is then 0)."""
     start = steady[0]["started_s"]
     end = steady[-1]["started_s"] + steady[-1]["iteration_s"]
     workers = {e["worker"] for e in events if e["phase"] in ("rollout", "train") and e["worker"] not in ("trainer",)}
