@@ -19,10 +19,11 @@ one ``mkdtemp`` (so nothing is recorded in /tmp/ray, and ``ray.init()`` without 
 finds this cluster), and every fixed port of Ray (GCS, dashboard, dashboard agent, metrics, client
 server) is picked free. Only processes this harness started are ended, by process group and then
 by the pids of their descendants; ``leftovers`` lists anything still running from its temp dir.
-Ray's CLI refuses a second node when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` and otherwise turns a
-literal 127.0.0.1 into the host's network address, so spot raylets are given 127.0.0.1 in its
-IPv4-mapped IPv6 form ``::ffff:127.0.0.1``: every connection stays on loopback, but those raylets
-and their workers listen on all interfaces (docs/security.md).
+Ray's CLI refuses a second node when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (so joining nodes
+set it to 1) and turns a joining node's literal ``--address 127.0.0.1`` into the host's network
+address, so raylets start through `RAY_START_ON_LOOPBACK`, Ray's own CLI with that one
+substitution switched off: every node and its workers use 127.0.0.1 (docs/security.md). The same
+command works with ROLL's Ray 2.48 and with Ray 2.60.
 
 Deliberately not here: the market (``spot.market``), the pool that follows the nodes
 (``runtime.spot_nodes.RayNodeWatcher``) and the replay loop (``tools.replay``).
@@ -52,7 +53,6 @@ from roll_spotlight.spot.pool import MarketSchedule
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_V4_MAPPED = "::ffff:127.0.0.1"
 SPOT_LABEL = "spot=true"
 # Memory (RSS) of a spot node: `ray start`, raylet, dashboard and runtime-env agents and the
 # notice agent (NODE_BASE_MB), plus one rollout worker (torch + the tiny policy) per GPU; the head
@@ -212,7 +212,7 @@ class LocalCluster:
         if name in self.nodes:
             raise ValueError(f"spot node {name!r} is already running")
         host_port = self.address.rsplit(":", 1)[1]
-        args = ["--address", f"[{LOOPBACK_V4_MAPPED}]:{host_port}", "--node-ip-address", LOOPBACK_V4_MAPPED,
+        args = ["--address", f"127.0.0.1:{host_port}", "--node-ip-address", "127.0.0.1",
                 "--node-name", name, "--num-cpus", "0", "--resources",
                 json.dumps({SPOT_RESOURCE: self.config.gpus_per_node}), "--labels", SPOT_LABEL]
         env = _ray_env(cluster_node=True) | {"RAY_NODE_MARKET_TYPE": "spot", "RAY_NODE_ZONE": zone}
@@ -298,7 +298,7 @@ class LocalCluster:
         """``ray start --block`` in a session of its own (its process group is the node)."""
         temp_dir = self.root / name
         temp_dir.mkdir()
-        cmd = [ray_cli(), "start", "--block", "--temp-dir", str(temp_dir),
+        cmd = [*RAY_START_ON_LOOPBACK, "start", "--block", "--temp-dir", str(temp_dir),
                "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
                "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats", *args]
         with open(self.root / f"{name}.log", "ab") as out:
@@ -306,13 +306,11 @@ class LocalCluster:
                                     start_new_session=True)
 
 
-def ray_cli() -> str:
-    """The ``ray`` command of this interpreter's environment (else the one on PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    found = str(beside) if beside.exists() else shutil.which("ray")
-    if found is None:
-        raise FileNotFoundError("no `ray` command beside this Python nor on PATH (pip install ray)")
-    return found
+# `ray start` as Ray's CLI runs it, except that a literal 127.0.0.1 stays one: the CLI would turn a
+# joining node's --address 127.0.0.1 into the host's network address (ray 2.48 to 2.60 at least)
+RAY_START_ON_LOOPBACK = [sys.executable, "-c", "import sys, ray._private.services as s; "
+                         "s.resolve_ip_for_localhost = lambda a: a; from ray.scripts.scripts import main; "
+                         "sys.argv[0] = 'ray'; main()"]
 
 
 def _ray_env(*, cluster_node: bool) -> dict[str, str]:

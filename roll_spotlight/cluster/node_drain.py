@@ -71,8 +71,11 @@ class RayNodeDrainer:
 
         assert self._gcs is not None, "find() connects first"
         reason = autoscaler_pb2.DrainNodeReason.Value(DRAIN_REASON)
-        accepted, why = self._gcs.drain_node(node_id, reason, message, int(deadline_s * 1000),
-                                             timeout=self.rpc_timeout_s)
+        args = (node_id, reason, message, int(deadline_s * 1000))
+        try:
+            accepted, why = self._gcs.drain_node(*args, timeout=self.rpc_timeout_s)
+        except TypeError:  # Ray 2.48 (ROLL's pin) takes no timeout here
+            accepted, why = self._gcs.drain_node(*args)
         return bool(accepted), str(why)
 
 
