@@ -62,7 +62,7 @@ def test_train_strategy_normalises_by_the_baselines_like_the_local_trainer():
 
     cfg = tiny_config()
     outputs, prompts, group_ids, rewards, baselines = _batch(cfg)
-    strategy = DiffusersTrainStrategy(cfg, random_policy(cfg))
+    strategy = DiffusersTrainStrategy(TrainerCore(cfg, random_policy(cfg)))
     got = strategy.train(outputs, prompts, group_ids, rewards, baselines).metrics
     want = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards, baselines).metrics
     own = TrainerCore(cfg, random_policy(cfg)).train(outputs, prompts, group_ids, rewards).metrics

@@ -49,6 +49,7 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
     import torch.distributed as dist
 
     from roll_spotlight.roll.strategy import DiffusersTrainStrategy
+    from roll_spotlight.runtime.trainer_core import TrainerCore
     from roll_spotlight.training.grpo import AllReduceGradients
 
     torch.set_num_threads(1)
@@ -61,7 +62,7 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
         half = len(outputs) // 2
         lo, hi = (0, half) if rank == 0 else (half, len(outputs))
         # a rank that starts elsewhere takes rank 0's weights
-        strategy = DiffusersTrainStrategy(cfg, random_policy(cfg, seed=rank), store, AllReduceGradients())
+        strategy = DiffusersTrainStrategy(TrainerCore(cfg, random_policy(cfg, seed=rank)), store, AllReduceGradients())
         metrics = strategy.train(outputs[lo:hi], prompts[lo:hi], groups, rewards).metrics
         digest = strategy.weights_digest()
         strategy.save(os.path.join(tmp, "ckpt.pt"))
@@ -80,13 +81,14 @@ def runs(tmp_path_factory):
     import torch.multiprocessing as mp
 
     from roll_spotlight.roll.strategy import DiffusersTrainStrategy
+    from roll_spotlight.runtime.trainer_core import TrainerCore
 
     tmp = tmp_path_factory.mktemp("strategy_fsdp")
     cfg = tiny_config(*OVERRIDES)
     batch = _batch(cfg)
     torch.save(batch, tmp / "batch.pt")
     store = RecordingStore()
-    one = DiffusersTrainStrategy(cfg, random_policy(cfg), store)
+    one = DiffusersTrainStrategy(TrainerCore(cfg, random_policy(cfg)), store)
     metrics = one.train(*batch).metrics
     reference = {"metrics": metrics, "digest": one.weights_digest(), "versions": store.versions}
     mp.spawn(_rank_main, args=(2, str(tmp)), nprocs=2, join=True)

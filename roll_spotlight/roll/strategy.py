@@ -19,22 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roll_spotlight.config.run import RunConfig
-
-
-
-def build_base_policy(cfg: RunConfig, base_path: str | None):
-    """The starting policy: the pretrained tiny base at `base_path`, or Qwen-Image from model.path."""
-    from roll_spotlight.models import build_policy, load_tiny_policy
-    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
-
-    if cfg.model.preset == "tiny":
-        if not base_path or not Path(base_path).is_file():
-            raise ValueError(f"the tiny preset starts from a pretrained base checkpoint; got {base_path!r} "
-                             "(the pipeline pretrains it once on the driver)")
-        policy, _ = load_tiny_policy(base_path, device=cfg.model.device)
-    else:
-        policy = build_policy(cfg.model)
-    return prepare_policy(policy, policy_setup(cfg))  # LoRA, guidance, attention backend
+from roll_spotlight.runtime.policy_source import trainer_core, worker_compute
 
 
 class DiffusersRolloutStrategy:
@@ -43,18 +28,16 @@ class DiffusersRolloutStrategy:
     Weights come from the run's weight store (`roll_spotlight.weights.WeightStore`), where the
     trainer publishes every version: a rank loads a version the first time a request asks for it,
     so stale exploration (version t while t+1 trains) and fresh rollouts need no push from the
-    driver. Version 0 is the base the rank started from, but with LoRA it is fetched too: each
-    process draws its own random adapters (B = 0 makes them roll out alike, but a micro-batch's
-    gradient depends on them), and the trainer's are the ones its updates apply to.
+    driver. Version 0, the base, is fetched too: with LoRA each process draws its own random
+    adapters (B = 0 makes them roll out alike, but a micro-batch's gradient depends on them), and
+    the trainer's are the ones its updates apply to. `compute` is the rank's
+    `runtime.worker_loop.Compute`: the policy (`runtime.compute.ModelCompute`) or emulated GPUs.
     """
 
-    def __init__(self, cfg: RunConfig, policy, store=None) -> None:
+    def __init__(self, cfg: RunConfig, compute) -> None:
         from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
-        from roll_spotlight.runtime.compute import ModelCompute
 
-        self.cfg, self.policy = cfg, policy
-        version = None if store is not None and policy.lora is not None else 0
-        self.compute = ModelCompute(policy, store, version=version)
+        self.cfg, self.compute = cfg, compute
         self.queue = RequestQueue(QueueConfig())
         self.sp_group = None
         self.sink = None  # queue training: a `runtime.queue_training.InboxSink`
@@ -82,8 +65,9 @@ class DiffusersRolloutStrategy:
         return self.compute.version
 
     @classmethod
-    def build(cls, cfg: RunConfig, base_path: str | None, store=None) -> "DiffusersRolloutStrategy":
-        return cls(cfg, build_base_policy(cfg, base_path), store)
+    def build(cls, cfg: RunConfig, source, store) -> "DiffusersRolloutStrategy":
+        """From the run's source (`runtime.policy_source`: the policy to load, or an `Emulation`)."""
+        return cls(cfg, worker_compute(source, store))
 
     def rollouts(self, specs: list) -> list:
         """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch).
@@ -120,28 +104,28 @@ class DiffusersTrainStrategy:
     (broadcast, so a randomly initialised adapter agrees too), trains on its shard of each batch,
     and only the rank given the store publishes. With ``train.sharding: fsdp`` the ranks shard the
     policy with FSDP2 (`roll_spotlight.training.sharding`): publishing, `weights_digest`, `save`,
-    `load` and `evaluate` are then collectives that every rank must call.
+    `load` and `evaluate` are then collectives that every rank must call. `core` is a
+    `runtime.trainer_core.TrainerCore`, or its emulated twin (`runtime.emulated`).
     """
 
-    def __init__(self, cfg: RunConfig, policy, store=None, sync=None) -> None:
-        from roll_spotlight.runtime.trainer_core import TrainerCore
-
-        self.core = TrainerCore(cfg, policy)
-        self.sharded = sync is not None and cfg.train.sharding == "fsdp"
+    def __init__(self, core, store=None, sync=None) -> None:
+        self.core = core
+        self.sharded = sync is not None and core.cfg.train.sharding == "fsdp"
         if self.sharded:
             from roll_spotlight.training.sharding import ShardedGradients, shard_trainer
 
             shard_trainer(self.core.trainer, ShardedGradients(sync.group))  # from rank 0's weights
         elif sync is not None:
-            sync.replicate(policy)
+            sync.replicate(core.policy)
             self.core.trainer.sync = sync
         self.store = store
         self.queue = None  # queue training (use_queue_training)
         self.publish()
 
     @classmethod
-    def build(cls, cfg: RunConfig, base_path: str | None, store=None, sync=None) -> "DiffusersTrainStrategy":
-        return cls(cfg, build_base_policy(cfg, base_path), store, sync)
+    def build(cls, cfg: RunConfig, source, store=None, sync=None) -> "DiffusersTrainStrategy":
+        """From the run's source (`runtime.policy_source`: the policy to load, or an `Emulation`)."""
+        return cls(trainer_core(cfg, source), store, sync)
 
     @property
     def weight_version(self) -> int:

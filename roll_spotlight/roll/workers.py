@@ -34,15 +34,16 @@ from roll_spotlight import plugins
 
 
 class _DiTWorker(Worker):
-    """Shared start-up: the run config and the strategy chosen by name."""
+    """Shared start-up: the run config and the strategy chosen by name, built from the run's
+    source (`runtime.policy_source`: the policy every rank loads, or emulated GPUs)."""
 
     default_strategy: str = ""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def initialize(self, pipeline_config, base_path: str | None = None, store=None) -> None:
+    def initialize(self, pipeline_config, source=None, store=None) -> None:
         super().initialize(pipeline_config)
         strategy_cls = plugins.resolve("strategies", self._strategy_name())
-        self.strategy = strategy_cls.build(pipeline_config.to_run_config(), base_path, store)
+        self.strategy = strategy_cls.build(pipeline_config.to_run_config(), source, store)
 
     def _strategy_name(self) -> str:
         args = self.worker_config.strategy_args
@@ -59,12 +60,12 @@ class DiTTrainerWorker(_DiTWorker):
     default_strategy = "diffusers_train"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def initialize(self, pipeline_config, base_path: str | None = None, store=None) -> None:
+    def initialize(self, pipeline_config, source=None, store=None) -> None:
         Worker.initialize(self, pipeline_config)
         cfg = pipeline_config.to_run_config()
         strategy_cls = plugins.resolve("strategies", self._strategy_name())
         sync = self._gradient_sync(cfg.model.device) if self.world_size > 1 else None
-        self.strategy = strategy_cls.build(cfg, base_path, store if self.rank == 0 else None, sync=sync)
+        self.strategy = strategy_cls.build(cfg, source, store if self.rank == 0 else None, sync=sync)
 
     def _gradient_sync(self, device: str):
         """Join the trainer ranks' process group at ROLL's master address; the all-reduce hook."""
@@ -146,14 +147,22 @@ class DiTRolloutWorker(_DiTWorker):
 
 
 class DiTRewardWorker(Worker):
-    """Scores decoded images with the run's reward (`reward_fn`); a failing reward gives its fallback."""
+    """Scores decoded images with the run's reward (`reward_fn`); a failing reward gives its fallback.
+    With emulated GPUs (the source an `Emulation`) it scores stand-ins in the reward model's time."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def initialize(self, pipeline_config, base_path: str | None = None, store=None) -> None:
-        from roll_spotlight.rewards.configured import configured_reward
+    def initialize(self, pipeline_config, source=None, store=None) -> None:
+        from roll_spotlight.runtime.policy_source import is_emulation
 
         super().initialize(pipeline_config)
-        self.reward_fn = configured_reward(pipeline_config.to_run_config().reward)
+        if is_emulation(source):
+            from roll_spotlight.runtime.emulated import EmulatedReward
+
+            self.reward_fn = EmulatedReward.servers(source, self.world_size)
+        else:
+            from roll_spotlight.rewards.configured import configured_reward
+
+            self.reward_fn = configured_reward(pipeline_config.to_run_config().reward)
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def score(self, images: list, prompts: list) -> list:

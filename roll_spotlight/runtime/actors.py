@@ -1,7 +1,8 @@
 """Ray actors of the runtime: trainer, rollout workers, reward workers.
 
-What each starts from is a *policy source* (`runtime.policy_source`), or an `runtime.emulated.Emulation`
-(emulated GPUs: the same actors with every compute phase waiting its calibrated duration).
+What each starts from is a source (`runtime.policy_source`): a policy to load, or an
+`runtime.emulated.Emulation` (emulated GPUs: the same actors, every compute phase waiting its
+calibrated duration).
 
 Simulated GPUs are Ray custom resources: on-demand actors ask for `ondemand_gpu`, spot actors for
 `spot_gpu` (both fractional-capable). On a real GPU cluster the same code runs with those
@@ -17,7 +18,7 @@ import time
 import ray
 
 from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
-from roll_spotlight.runtime.policy_source import load_policy
+from roll_spotlight.runtime.policy_source import trainer_core, worker_compute
 
 log = logging.getLogger(__name__)
 ONDEMAND, SPOT = ONDEMAND_RESOURCE, SPOT_RESOURCE  # the Ray resources on-demand and spot actors ask for
@@ -30,24 +31,6 @@ def _torch_setup(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _emulated(source) -> bool:
-    """Does ``source`` (what a worker starts from) emulate GPUs (`runtime.emulated.Emulation`)?"""
-    from roll_spotlight.runtime.emulated import Emulation
-
-    return isinstance(source, Emulation)
-
-
-def worker_compute(source, store, commit_every: int = 0):
-    """A worker's `worker_loop.Compute`: the policy loaded from ``source``, or emulated GPUs."""
-    if _emulated(source):
-        from roll_spotlight.runtime.emulated import EmulatedCompute
-
-        return EmulatedCompute(source, store)
-    from roll_spotlight.runtime.compute import ModelCompute
-
-    return ModelCompute(load_policy(source), store, commit_every=commit_every)
-
-
 @ray.remote(num_cpus=0)
 class TrainerActor:
     """Policy, optimiser, reference and validation; publishes each new weight version."""
@@ -58,14 +41,7 @@ class TrainerActor:
 
         _torch_setup(threads)
         cfg = from_dict(RunConfig, cfg_data)
-        if _emulated(policy_path):
-            from roll_spotlight.runtime.emulated import EmulatedTrainerCore
-
-            self.core = EmulatedTrainerCore(cfg, policy_path)
-        else:
-            from roll_spotlight.runtime.trainer_core import TrainerCore
-
-            self.core = TrainerCore(cfg, load_policy(policy_path))
+        self.core = trainer_core(cfg, policy_path)
         self.store = store
         self.queue = None  # queue training (use_queue_training)
         self.events: list[dict] = []
@@ -143,11 +119,10 @@ class RewardActor:
             from roll_spotlight.rewards.configured import configured_reward
 
             self.reward_fn = configured_reward(cfg.reward)
-        else:  # emulated GPUs: the reward servers are emulated too (`reward.world_size` of the cost model's slots)
+        else:  # emulated GPUs: the reward servers are emulated too
             from roll_spotlight.runtime.emulated import EmulatedReward
 
-            slots = emulation.durations.cost.reward_workers / cfg.reward.world_size
-            self.reward_fn = EmulatedReward(emulation, slots)
+            self.reward_fn = EmulatedReward.servers(emulation, cfg.reward.world_size)
         self.events: list[dict] = []
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._crash_at = None if self.restarted else crash_at_batch
