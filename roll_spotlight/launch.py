@@ -11,6 +11,14 @@ reward-model paths, reward, trace) before ROLL's ``init()`` starts any cluster.
 A recipe error (a `ConfigError`: unknown or renamed key, wrong value, missing path) is one line on
 stderr naming the key and the recipe file, and exit status 2; ``--debug`` shows its traceback.
 
+``--emulate GPU --time-scale S`` is a dry run of the recipe on emulated GPUs, as ``spotlight train
+--emulate``: every role keeps its ranks, as CPU-only ROLL workers whose compute waits the cost
+model's duration on that GPU divided by S (`runtime.emulated`), and the spot nodes are raylets of a
+local cluster that the recipe's trace (``spot.source: market``) starts, notices and kills. That
+cluster is started before ROLL's ``init()``, which joins it (``RAY_ADDRESS``) and so neither starts
+nor stops a Ray cluster; its spot nodes join once ROLL placed the on-demand workers on the head.
+The run directory gets ``emulation.json`` and, as every launch, ``report.md``.
+
 Without ROLL installed this exits with status 2 and says how to install it. ROLL's ``init()`` shells
 out to the ``ray`` command (``ray status``, ``ray start``); when it is not on ``PATH`` (a virtual
 environment used without activating it) the launcher exits with status 2 before starting anything
@@ -35,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true",
                         help="parse the recipe and run the start-up checks (paths, reward), then exit")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a recipe error")
+    parser.add_argument("--emulate", metavar="GPU", help="a dry run on emulated GPUs (h100, h800, h200, a100): "
+                        "every compute phase waits its modelled duration instead of running the model")
+    parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
+                        help="with --emulate: modelled seconds per wall second (the trace runs as fast)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     return parser
 
@@ -65,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from roll_spotlight.config.strict import ConfigError
 
+    emulate = {"gpu": args.emulate, "time_scale": args.time_scale} if args.emulate else None
     try:
-        cfg = load_recipe(args.config_path, args.config_name, args.overrides)
+        cfg = load_recipe(args.config_path, args.config_name, args.overrides, emulate=emulate)
     except ConfigError as exc:
         if args.debug:
             raise
@@ -82,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     return launch(cfg)
 
 
-def load_recipe(config_path: str, config_name: str, overrides: list[str]):
-    """The recipe composed (Hydra), its patches applied, parsed into `SpotlightConfig` and checked
-    for start-up; every recipe error is a `ConfigError` naming the key and the file."""
+def load_recipe(config_path: str, config_name: str, overrides: list[str], emulate: dict | None = None):
+    """The recipe composed (Hydra), its patches applied, parsed into `SpotlightConfig` (with
+    ``emulate``: {gpu, time_scale}) and checked for start-up; every recipe error is a
+    `ConfigError` naming the key and the file."""
     from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.patches import apply_patches
     from roll_spotlight.roll.config import compose_mapping, from_mapping, recipe_path
@@ -95,20 +109,34 @@ def load_recipe(config_path: str, config_name: str, overrides: list[str]):
         apply_patches(data.get("patches") or [])
     except ValueError as exc:
         raise ConfigError(f"patches: {exc} in {source}") from exc
-    cfg = from_mapping(data, source=source)
+    cfg = from_mapping(data | ({"emulate": emulate} if emulate else {}), source=source)
     cfg.check_startup()
     return cfg
 
 
 def launch(cfg) -> int:
-    """ROLL's ``init()`` (starts or joins the Ray cluster), then the recipe's pipeline."""
+    """ROLL's ``init()`` (starts or joins the Ray cluster), then the recipe's pipeline; with
+    emulated GPUs, inside the local cluster of the emulated spot nodes (module docstring)."""
+    from pathlib import Path
+
     from roll.distributed.scheduler.initialize import init
 
     from roll_spotlight import plugins
+    from roll_spotlight.run_report import write_report
+    from roll_spotlight.startup import spot_nodes
 
-    init()
     pipeline_cls = plugins.resolve("pipelines", cfg.pipeline_cls)
-    pipeline_cls(pipeline_config=cfg).run()
+    with spot_nodes(cfg.to_run_config(), cfg.placement()) as nodes:  # nothing to start unless emulated
+        if nodes.address is not None:
+            os.environ["RAY_ADDRESS"] = nodes.address  # ROLL's `ray status` and ray.init() join it
+        init()
+        pipeline = pipeline_cls(pipeline_config=cfg)
+        nodes.add_fleet()
+        if hasattr(pipeline, "start_spot"):
+            pipeline.start_spot()
+        nodes.start()
+        pipeline.run()
+    print(write_report(Path(cfg.output_dir) / cfg.exp_name))
     return 0
 
 

@@ -125,6 +125,9 @@ def check_emulation(cfg, placement: WorkerPlacement) -> None:
         raise ValueError(f"--emulate: {err}") from None
     if not placement.time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {placement.time_scale!r}")
+    if cfg.spot.enabled and cfg.spot.source == "cluster":
+        raise ValueError("--emulate: spot.source=cluster names a real cluster's spot nodes; an emulated run "
+                         "starts its own (spot.source: market, and spot.trace to replay)")
     fitted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gpu_memory_gb=spec.memory_gib))
     plan = memory_plan_of(fitted, placement)
     errors = fit_errors(plan)
@@ -254,6 +257,7 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
     elif on_ray:
         raise ValueError("start_run: a given policy runs in process only; Ray workers load a policy source")
     with nodes:
+        nodes.add_fleet()  # before the backend: its spot pool starts the fleet's workers
         if on_ray:
             from roll_spotlight.runtime.ray_backend import RayBackend
 
@@ -285,18 +289,29 @@ def ray_cluster_config(placement: WorkerPlacement):
 
 def emulated_run(cfg, placement: WorkerPlacement):
     """(the run config as emulated, the `Emulation` its workers run): spot workers follow the
-    real membership of a local cluster's raylets (`spot.source: cluster`; `spot_nodes` replays the
-    trace on them), billed at the H100 prices unless the recipe names its GPUs or prices."""
+    real membership of a local cluster's raylets (`emulated_spot`; `spot_nodes` replays the trace
+    on them)."""
+    if cfg.spot.enabled:
+        cfg = dataclasses.replace(cfg, spot=emulated_spot(cfg.spot))
+    return cfg, emulation_for(cfg, placement.emulate, placement.time_scale)
+
+
+def emulated_spot(spot):
+    """The spot section of an emulated run: its pool follows the raylets that replay the trace
+    (``spot.source: cluster``), billed at the H100 prices unless the recipe names its GPUs."""
+    return dataclasses.replace(spot, source="cluster", trace=None, gpu_type=spot.gpu_type or "H100")
+
+
+def emulation_for(cfg, gpu: str, time_scale: float):
+    """The `runtime.emulated.Emulation` of ``cfg`` on ``gpu`` GPUs at ``time_scale``; a weight
+    version is as large as the run's trained parameters (the LoRA adapters) in fp32."""
     from roll_spotlight.models import memory_plan as mp
     from roll_spotlight.runtime.emulated import emulation_of
 
-    if cfg.spot.enabled:
-        spot = dataclasses.replace(cfg.spot, source="cluster", trace=None, gpu_type=cfg.spot.gpu_type or "H100")
-        cfg = dataclasses.replace(cfg, spot=spot)
     lora = cfg.train.lora
     config = None if cfg.model.preset != "tiny" else cfg.model.tiny_transformer()
     params = mp.lora_parameters(config, lora.rank, tuple(lora.target_modules)) if lora else mp.count_parameters(config)
-    return cfg, emulation_of(cfg, placement.emulate, placement.time_scale, adapter_bytes=4.0 * params)
+    return emulation_of(cfg, gpu, time_scale, adapter_bytes=4.0 * params)
 
 
 def write_emulation(cfg, placement: WorkerPlacement, emulation, run_dir: Path) -> None:
@@ -322,9 +337,6 @@ def spot_nodes(cfg, placement: WorkerPlacement):
     the run joins `placement.address` (or a local Ray)."""
     if placement.emulate is None or not cfg.spot.enabled:
         return _NoNodes(placement.address)
-    if cfg.spot.source == "cluster":
-        raise ValueError("--emulate: spot.source=cluster names a real cluster's spot nodes; an emulated run "
-                         "starts its own (spot.source: market, and the trace to replay)")
     from roll_spotlight.cluster.emulated_nodes import TraceRaylets
 
     return TraceRaylets(cfg.spot, ondemand_gpus=placement.workers + 1, time_scale=placement.time_scale)
@@ -338,6 +350,9 @@ class _NoNodes:
         return self
 
     def __exit__(self, *exc) -> None:
+        pass
+
+    def add_fleet(self) -> None:
         pass
 
     def start(self) -> None:

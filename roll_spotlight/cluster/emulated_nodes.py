@@ -65,9 +65,11 @@ class TraceRaylets:
     that the run's spot trace starts, drains through the notice bridge and kills, at the
     emulation's time-scale; the run follows them as a real cluster (``spot.source: cluster``).
 
-    A context manager: on entry the head is up and the trace window's initial fleet registered;
-    `start()` sets the trace's clock going (once the run's workers are up); the exit stops the
-    trace and ends every process of the cluster."""
+    A context manager: on entry the head is up; `add_fleet()` brings up the trace window's initial
+    fleet and waits until it registered; `start()` sets the trace's clock going (once the run's
+    workers are up); the exit stops the trace and ends every process of the cluster. The fleet is
+    a step of its own because a host may place its on-demand workers on whichever node it picks
+    (ROLL's CPU-only ``ResourceManager`` takes the node with the fewest CPUs: a spot node's 0)."""
 
     POLL_S = 0.1
     # wall seconds a raylet takes from `ray start` to registering on a 2-core machine (measured:
@@ -92,8 +94,6 @@ class TraceRaylets:
         try:
             self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time())
             self.driver.schedule = LeadingSchedule(self.market, self.RAYLET_START_S)
-            self.driver.tick(0.0)  # the window's initial fleet, before the run's pool looks
-            self.cluster.wait_registered(list(self.cluster.nodes))
         except BaseException:
             self.cluster.close()
             raise
@@ -102,6 +102,11 @@ class TraceRaylets:
     @property
     def address(self) -> str:
         return self.cluster.address
+
+    def add_fleet(self) -> None:
+        """The window's initial fleet (trace time 0) joins; returns once its raylets registered."""
+        self.driver.tick(0.0)
+        self.cluster.wait_registered(list(self.cluster.nodes))
 
     def start(self) -> None:
         """The trace's clock starts now (its time 0 was the initial fleet's)."""

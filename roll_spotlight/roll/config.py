@@ -74,6 +74,9 @@ class SpotlightConfig(BaseConfig):
         default=None, metadata={"help": "model path, as in ROLL: a local diffusers directory (fills model.path)"})
     recipe_file: Optional[str] = field(
         default=None, metadata={"help": "the recipe's file, named in errors (set by from_mapping's source)"})
+    emulate: Optional[Dict[str, Any]] = field(
+        default=None, metadata={"help": "emulated GPUs {gpu, time_scale}: set by the launcher's --emulate GPU "
+                                        "--time-scale S (runtime.emulated)"})
 
     actor_train: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "Flow-GRPO trainer"})
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig,
@@ -122,9 +125,20 @@ class SpotlightConfig(BaseConfig):
         from roll_spotlight.startup import check_startup
 
         try:
-            check_startup(self.to_run_config(), key=recipe_key)
+            check_startup(self.to_run_config(), self.placement(), key=recipe_key)
         except (ValueError, OSError) as exc:
             raise ConfigError(f"{self.source}: {exc}") from exc
+
+    def placement(self):
+        """How the start-up checks see this recipe's workers (`startup.WorkerPlacement`): on Ray,
+        the actor_train and actor_infer ranks, and the emulated GPUs when ``emulate`` is set."""
+        from roll_spotlight.startup import WorkerPlacement
+
+        if not self.emulate:
+            return WorkerPlacement()
+        ranks = self._trainer_ranks - 1 + self.actor_infer.world_size  # the placement counts one trainer
+        return WorkerPlacement(ray=True, workers=ranks, sp_degree=self.elastic.sp_degree,
+                               emulate=self.emulate.get("gpu"), time_scale=float(self.emulate.get("time_scale", 1.0)))
 
     def _prepare_role(self, role: str) -> None:
         worker = getattr(self, role)

@@ -53,6 +53,7 @@ class SpotlightPipeline(BasePipeline):
             logger.info(summary)
         if fallback := cfg.spot_training_summary():
             logger.warning(fallback)
+        self.emulation = self.emulate_gpus(cfg) if cfg.emulate else None
         cfg.num_gpus_per_node, cfg.num_nodes = self.plan_resources(cfg)
         super().__init__(cfg)
         self.run_config = cfg.to_run_config()
@@ -61,11 +62,37 @@ class SpotlightPipeline(BasePipeline):
         self.actor_train, self.actor_infer, self.reward = (self.clusters[r] for r in STATIC_ROLES)
         self.base_path = self.prepare_base_policy()
         self.store = WeightStore.create(keep=2)  # version t for exploration while t+1 trains
-        for cluster in self.clusters.values():
-            cluster.initialize(pipeline_config=cfg, base_path=self.base_path, store=self.store, blocking=True)
+        for role, cluster in self.clusters.items():
+            cluster.initialize(pipeline_config=cfg, source=self.worker_source(role), store=self.store, blocking=True)
         self.sp_rendezvous = self.form_sp_groups()
         self.inbox = None  # queue training's gradient inbox (make_dispatch)
         self.dispatch = self.make_dispatch()
+        if self.emulation is not None:
+            from roll_spotlight.startup import write_emulation
+
+            write_emulation(self.run_config, cfg.placement(), self.emulation, self.run_dir)
+
+    def emulate_gpus(self, cfg: SpotlightConfig):
+        """Emulated GPUs (``emulate``, the launcher's ``--emulate GPU --time-scale S``): every role
+        keeps its world size as CPU-only workers whose compute waits its modelled duration, and
+        the spot pool follows the raylets that replay the recipe's trace (`startup.emulated_spot`;
+        the launcher starts them). Returns the `runtime.emulated.Emulation` the workers run."""
+        from roll_spotlight.startup import emulated_spot, emulation_for
+
+        for role in STATIC_ROLES:
+            getattr(cfg, role).device_mapping = None
+        if cfg.spot.enabled:
+            cfg.spot = emulated_spot(cfg.spot)
+        return emulation_for(cfg.to_run_config(), cfg.emulate["gpu"], float(cfg.emulate.get("time_scale", 1.0)))
+
+    def worker_source(self, role: str = "actor_infer"):
+        """What a role's workers start from (`runtime.policy_source`): the policy, or emulated GPUs
+        (the trainer's a GPU of its own, as ROLL places actor_train)."""
+        from roll_spotlight.runtime.policy_source import policy_setup, policy_source
+
+        if self.emulation is not None:
+            return self.emulation.as_role("trainer") if role == "actor_train" else self.emulation
+        return policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
 
     def form_sp_groups(self):
         """With ``elastic.sp_degree`` > 1, the actor_infer ranks join SP groups of consecutive ranks
@@ -111,7 +138,14 @@ class SpotlightPipeline(BasePipeline):
 
         queue = create_queue_actor(cfg.dispatch.queue_config())
         self.inbox = self.start_queue_training(queue) if self.run_config.queue_trains() else None
-        return PullDispatch(self.actor_infer, queue, self.make_spot_pool(queue) if cfg.spot.enabled else None)
+        early = cfg.spot.enabled and self.emulation is None  # emulated: `start_spot`, once the fleet is up
+        return PullDispatch(self.actor_infer, queue, self.make_spot_pool(queue) if early else None)
+
+    def start_spot(self) -> None:
+        """Emulated GPUs: start the spot pool now. The launcher calls this once the emulated spot
+        fleet joined (after ROLL placed the on-demand workers on the head), `run` otherwise."""
+        if self.emulation is not None and self.pipeline_config.spot.enabled and self.dispatch.spot is None:
+            self.dispatch.spot = self.make_spot_pool(self.dispatch.queue)
 
     def start_queue_training(self, queue):
         """`spot.training_phase` train/auto (`runtime.queue_training`): each update's micro-batches
@@ -135,17 +169,19 @@ class SpotlightPipeline(BasePipeline):
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
-        from roll_spotlight.runtime.policy_source import policy_setup, policy_source
         from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
         ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
-        source = policy_source(self.run_config.model, self.base_path, policy_setup(self.run_config))
+        source, shape, bill_scale = self.worker_source(), None, 1.0
+        if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
+            source = self.emulation.as_role("spot", cfg.spot.gpus_per_node)
+            shape, bill_scale = self.emulation.sp_shape(), self.emulation.time_scale
         elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
-                               min_degree=cfg.elastic.min_sp_degree)
-        return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=ondemand,
-                                   elastic=elastic, inbox=self.inbox if self.run_config.spot_trains() else None)
+                               min_degree=cfg.elastic.min_sp_degree, shape=shape)
+        return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=ondemand, elastic=elastic,
+                                   inbox=self.inbox if self.run_config.spot_trains() else None, bill_scale=bill_scale)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:
@@ -154,7 +190,7 @@ class SpotlightPipeline(BasePipeline):
 
     def prepare_base_policy(self) -> str | None:
         """Pretrain (or load from cache) the tiny base once, here, so workers only load it."""
-        if self.run_config.model.preset != "tiny":
+        if self.run_config.model.preset != "tiny" or self.emulation is not None:
             return None
         from roll_spotlight.training.pretrain import load_or_pretrain
 
@@ -165,4 +201,5 @@ class SpotlightPipeline(BasePipeline):
         """The shared iteration loop (runtime Coordinator) on this pipeline's clusters; its RunResult."""
         from roll_spotlight.roll.loop import drive
 
+        self.start_spot()
         return drive(self)

@@ -280,7 +280,12 @@ def stand_in_sum(work, micro_batches: Sequence[MicroBatch], worker: str, seconds
 class EmulatedTrainerCore:
     """`runtime.trainer_core.TrainerCore`'s duties on stand-in adapters: the real Flow-GRPO update
     path (advantages, zero-std filter, micro-batch plan, a `GradientSource` or the trainer alone,
-    the exactly-once `combine`, clip and Adam step) with every micro-batch's compute emulated."""
+    the exactly-once `combine`, clip and Adam step) with every micro-batch's compute emulated.
+
+    Given the trainer's role (``emulation.role == "trainer"``: a GPU of its own, as a ROLL
+    actor_train rank) it pulls its updates' micro-batches with the others under queue training;
+    given an on-demand worker's (the Ray backend's emulated GPUs) it is colocated with that
+    worker, which pulls them."""
 
     def __init__(self, cfg, emulation: Emulation) -> None:
         import dataclasses
@@ -291,6 +296,7 @@ class EmulatedTrainerCore:
         from roll_spotlight.training.grpo import FlowGRPOTrainer
 
         torch.manual_seed(cfg.seed)
+        self.colocated = emulation.role != "trainer"
         self.cfg, self.emulation = cfg, emulation.as_role("trainer")
         self.policy = StandInPolicy()
         self.trainer = FlowGRPOTrainer(self.policy, dataclasses.replace(cfg.train, trainable="all", kl_beta=0.0))
@@ -328,11 +334,11 @@ class EmulatedTrainerCore:
         return source
 
     def queue_training(self, queue, inbox):
-        """Queue training with the trainer colocated on an on-demand GPU: that GPU's worker pulls
-        the micro-batches, the trainer only adds the sums, steps and publishes."""
+        """Queue training: a colocated trainer only adds the sums, steps and publishes (its GPU's
+        worker pulls the micro-batches); one on a GPU of its own pulls them too."""
         from roll_spotlight.runtime.queue_training import QueueTraining
 
-        return QueueTraining(queue, inbox, self.compute, pulls=False)
+        return QueueTraining(queue, inbox, self.compute, pulls=not self.colocated)
 
     def evaluate(self):
         """Validation is not emulated: stand-in rewards of the validation pairs, at no cost."""
@@ -396,6 +402,11 @@ class EmulatedReward:
 
     def __init__(self, emulation: Emulation, slots: float = 1.0) -> None:
         self.emulation, self.slots = emulation, max(slots, 1.0)
+
+    @classmethod
+    def servers(cls, emulation: Emulation, world_size: int) -> EmulatedReward:
+        """One of ``world_size`` reward servers sharing the cost model's reward slots."""
+        return cls(emulation, emulation.durations.cost.reward_workers / world_size)
 
     def __call__(self, images: np.ndarray, prompts: list[str]):
         from roll_spotlight.rewards import RewardOutput
