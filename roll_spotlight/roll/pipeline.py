@@ -70,7 +70,7 @@ class SpotlightPipeline(BasePipeline):
         if self.emulation is not None:
             from roll_spotlight.startup import write_emulation
 
-            write_emulation(self.run_config, cfg.placement(), self.emulation, self.run_dir)
+            write_emulation(self.run_config, cfg.placement(), self.emulation, self.run_dir, self.ondemand_gpus)
 
     def emulate_gpus(self, cfg: SpotlightConfig):
         """Emulated GPUs (``emulate``, the launcher's ``--emulate GPU --time-scale S``): every role
@@ -84,6 +84,11 @@ class SpotlightPipeline(BasePipeline):
         if cfg.spot.enabled:
             cfg.spot = emulated_spot(cfg.spot)
         return emulation_for(cfg.to_run_config(), cfg.emulate["gpu"], float(cfg.emulate.get("time_scale", 1.0)))
+
+    @property
+    def ondemand_gpus(self) -> int:
+        """The on-demand GPUs billed: the actor_train and actor_infer ranks'."""
+        return sum(getattr(self.pipeline_config, role).world_size for role in ("actor_train", "actor_infer"))
 
     def worker_source(self, role: str = "actor_infer"):
         """What a role's workers start from (`runtime.policy_source`): the policy, or emulated GPUs
@@ -165,7 +170,7 @@ class SpotlightPipeline(BasePipeline):
         Override to supply another market, clock or worker arguments (tests do; pass the
         pipeline's ``inbox``). The pool's workers
         are the runtime's pull workers: they load the tiny base from its checkpoint file, or the real
-        model from ``model.path`` on their own node (``runtime.actors.load_policy``), take each weight
+        model from ``model.path`` on their own node (``runtime.policy_source.load_policy``), take each weight
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
@@ -173,15 +178,15 @@ class SpotlightPipeline(BasePipeline):
 
         cfg = self.pipeline_config
         self._check_spot(cfg)
-        ondemand = sum(getattr(cfg, role).world_size for role in ("actor_train", "actor_infer"))
         source, shape, bill_scale = self.worker_source(), None, 1.0
         if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
             source = self.emulation.as_role("spot", cfg.spot.gpus_per_node)
             shape, bill_scale = self.emulation.sp_shape(), self.emulation.time_scale
         elastic = spot_elastic(self.run_config.model, cfg.elastic.sp_degree, cfg.elastic.group_timeout_s, source,
                                min_degree=cfg.elastic.min_sp_degree, shape=shape)
-        return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=ondemand, elastic=elastic,
-                                   inbox=self.inbox if self.run_config.spot_trains() else None, bill_scale=bill_scale)
+        return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=self.ondemand_gpus,
+                                   elastic=elastic, inbox=self.inbox if self.run_config.spot_trains() else None,
+                                   bill_scale=bill_scale)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:

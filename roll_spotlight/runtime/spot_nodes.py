@@ -48,7 +48,7 @@ class RayWorkerLauncher:
     unit of ``resource``; with ``node_affinity`` it is pinned to the node the event names (a real
     cluster, node ids in hex). ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments
     per node (tests inject ``faults``, `runtime.faults.FaultPlan`, on one node this way). ``policy_path`` is what workers
-    load (``actors.load_policy``): the tiny base checkpoint, or a model section for a real model each
+    load (``policy_source.load_policy``): the tiny base checkpoint, or a model section for a real model each
     node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request).
 
     The pool's unit is a node (``name``); its workers are ``name`` and ``name/g1`` ... A node's

@@ -296,7 +296,7 @@ def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
     """Recompute each completed request uninterrupted in this process; returns (mismatched,
     mismatched among resumed outputs). Bit for bit: final latents, log-probs and image."""
     from roll_spotlight.dispatch.requests import Lease
-    from roll_spotlight.runtime.actors import load_policy
+    from roll_spotlight.runtime.policy_source import load_policy
     from roll_spotlight.runtime.executor import RolloutExecutor
 
     executor = RolloutExecutor(load_policy(policy_path))
