@@ -36,16 +36,31 @@ bench: $(VENV)/.installed-dev,ocr
 # Spotlight is worse beyond the tolerance). Needs ROLL installed (docs/roll.md): ROLL_PY is that
 # environment's python, whose bin/ (with the `ray` command) goes first on PATH. Not part of `make test`.
 # A ROLL launch that starts Ray ends with `ray stop --force`: every Ray cluster of this user (docs/roll.md).
+# EMULATE=GPU (h100, h800, h200, a100): the Qwen-Image OCR recipe and its vanilla twin at 512x512 on
+# emulated GPUs instead (TIME_SCALE; shipped OCR prompts; the packaged AWS trace drives the spot raylets),
+# so the report also gives time and cost to the target (docs/roll.md, "A dry run on emulated GPUs").
 ROLL_PY ?= python
-ROLL_ARGS ?= max_steps=20 eval_steps=5
 COMPARE_DIR ?= output/compare-roll
+EMULATE ?=
+TIME_SCALE ?= 30
+ifdef EMULATE
+COMPARE_RECIPE ?= qwen_image_ocr_512
+ROLL_ARGS ?= max_steps=6 eval_steps=2 ++task.val_prompts=64 spot.max_workers=8
+LAUNCH_ARGS = --emulate $(EMULATE) --time-scale $(TIME_SCALE) spot.source=market \
+  ++spot.trace=$(CURDIR)/roll_spotlight/spot/data/bamboo-spot-traces/aws/p3-trace.csv
+LAUNCH_ENV = OCR_PROMPTS_DIR=$(abspath $(COMPARE_DIR))/prompts
+else
+COMPARE_RECIPE ?= tiny_shapes_roll
+ROLL_ARGS ?= max_steps=20 eval_steps=5
+endif
+ROLL_RUN = $(LAUNCH_ENV) PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) \
+  -m roll_spotlight.launch --config_path configs/roll output_dir=$(COMPARE_DIR) $(LAUNCH_ARGS) $(ROLL_ARGS)
 compare-roll:
 	rm -rf $(COMPARE_DIR)
-	PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) -m roll_spotlight.launch \
-	  --config_path configs/roll --config_name tiny_shapes_roll output_dir=$(COMPARE_DIR) $(ROLL_ARGS)
-	PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) -m roll_spotlight.launch \
-	  --config_path configs/roll --config_name tiny_shapes_roll_vanilla output_dir=$(COMPARE_DIR) $(ROLL_ARGS)
-	$(ROLL_PY) -m roll_spotlight.tools.compare $(COMPARE_DIR)/tiny_shapes_roll $(COMPARE_DIR)/tiny_shapes_roll_vanilla \
+	$(if $(EMULATE),$(ROLL_PY) -m roll_spotlight.cli prompts ocr --out $(COMPARE_DIR)/prompts --train 4000 --test 200)
+	$(ROLL_RUN) --config_name $(COMPARE_RECIPE)
+	$(ROLL_RUN) --config_name $(COMPARE_RECIPE)_vanilla
+	$(ROLL_PY) -m roll_spotlight.tools.compare $(COMPARE_DIR)/$(COMPARE_RECIPE) $(COMPARE_DIR)/$(COMPARE_RECIPE)_vanilla \
 	  --out $(COMPARE_DIR)/report --fail-if-worse
 
 clean:

@@ -272,7 +272,7 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
             if write_config:
                 write_run_config(cfg, run_dir)
             if placement.emulate is not None:
-                write_emulation(cfg, placement, source, run_dir)
+                write_emulation(cfg, placement, source, run_dir, placement.workers)  # the trainer is colocated
             nodes.start()
             return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
         finally:
@@ -314,20 +314,24 @@ def emulation_for(cfg, gpu: str, time_scale: float):
     return emulation_of(cfg, gpu, time_scale, adapter_bytes=4.0 * params)
 
 
-def write_emulation(cfg, placement: WorkerPlacement, emulation, run_dir: Path) -> None:
+def write_emulation(cfg, placement: WorkerPlacement, emulation, run_dir: Path, ondemand_gpus: int) -> None:
     """``emulation.json`` beside an emulated run, for its report: the GPU, the time-scale, the
-    workload the durations come from, and the memory plan on that GPU (GiB per role)."""
+    workload the durations come from, the memory plan on that GPU (GiB per role), and the
+    on-demand GPUs and their price (what `spotlight compare` bills a run without a spot pool)."""
     import json
 
     from roll_spotlight.sim.gpus import gpu_spec
+    from roll_spotlight.spot.prices import default_prices
 
     spec = gpu_spec(placement.emulate)
     fitted = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gpu_memory_gb=spec.memory_gib))
     plan = memory_plan_of(fitted, placement)
     roles = {role: round(plan.total_gib(role), 2) for role in ("trainer", "rollout")}
+    price = default_prices(cfg.spot.gpu_type or "H100").price("ondemand").usd_per_gpu_hour
     payload = {"gpu": spec.name, "gpu_memory_gib": spec.memory_gib, "time_scale": placement.time_scale,
                "workload": dataclasses.asdict(emulation.workload), "adapter_bytes": emulation.adapter_bytes,
-               "memory_plan_gib": roles}
+               "memory_plan_gib": roles, "ondemand_gpus": ondemand_gpus,
+               "ondemand_usd_per_gpu_hour": price}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "emulation.json").write_text(json.dumps(payload, indent=2))
 

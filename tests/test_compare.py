@@ -43,8 +43,9 @@ def test_report_files_target_ledger_and_counters(tmp_path):
     result = json.loads((out / "compare.json").read_text())
     assert (out / "compare.png").stat().st_size > 0
     assert result["target"] == pytest.approx(0.7) and result["target_source"] == "RUN_B final validation mean"
-    assert result["runs"]["a"]["to_target"] == {"iteration": 2, "wall_s": pytest.approx(6.0)}
-    assert result["runs"]["b"]["to_target"] == {"iteration": 3, "wall_s": pytest.approx(6.0)}
+    assert result["runs"]["a"]["to_target"] == {"iteration": 2, "wall_s": pytest.approx(6.0), "usd": None}
+    assert result["runs"]["b"]["to_target"] == {"iteration": 3, "wall_s": pytest.approx(6.0), "usd": None}
+    assert result["b_over_a_to_target"] == {"time": pytest.approx(1.0), "cost": None}
     ledger = result["runs"]["a"]["ledger"]
     assert ledger["gpu_hours"] == pytest.approx(3.0) and ledger["usd"] == 3.0 and ledger["all_ondemand_usd"] == 4.5
     assert result["runs"]["b"]["ledger"]["usd"] is None
@@ -68,7 +69,7 @@ def test_paired_worse_run_fails_the_gate_only_with_the_flag(tmp_path):
     se = math.sqrt(sum((x - (-0.15)) ** 2 for x in (-0.2, -0.1, -0.2, -0.1)) / 3 / 4)
     assert d["d"] == pytest.approx(-0.15) and d["se"] == pytest.approx(se)
     assert d["upper_bound"] == pytest.approx(-0.15 + 2 * se) and result["worse"]
-    assert result["runs"]["a"]["to_target"] == {"iteration": None, "wall_s": None}
+    assert result["runs"]["a"]["to_target"] == {"iteration": None, "wall_s": None, "usd": None}
     # a tolerance wider than the bound's distance below zero passes the same runs
     assert C.main(args + ["--fail-if-worse", "--tolerance", str(0.16)]) == 0
 
@@ -98,3 +99,28 @@ def test_explicit_target_and_bad_input(tmp_path, capsys):
     (tmp_path / "empty" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.1}) + "\n")
     with pytest.raises(ValueError, match="no validation rows"):
         C.load_run(tmp_path / "empty")
+
+
+def test_emulated_runs_compare_in_gpu_seconds_and_bill_a_run_without_a_pool(tmp_path):
+    """Emulated runs: seconds are wall x time-scale; the ledger gives A's dollars at each iteration,
+    B (no spot pool) is billed as its on-demand GPUs at the price emulation.json names."""
+    a = _run(tmp_path / "spotlight", [0.5, 0.6, 0.7], iteration_s=1.0)
+    rows = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
+    for step, row in enumerate(rows):
+        row["cost/usd"] = 2.0 * step
+    (a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    b = _run(tmp_path / "vanilla", [0.5, 0.6, 0.7], iteration_s=1.5)
+    for run, gpus in ((a, 8), (b, 8)):
+        (run / "emulation.json").write_text(json.dumps({"gpu": "H100 SXM5", "time_scale": 30.0, "ondemand_gpus": gpus,
+                                                        "ondemand_usd_per_gpu_hour": 3.0}))
+    out = tmp_path / "out"
+    assert C.main([str(a), str(b), "--out", str(out)]) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["runs"]["a"]["to_target"] == {"iteration": 2, "wall_s": pytest.approx(60.0),
+                                                "usd": pytest.approx(4.0)}
+    assert result["runs"]["b"]["to_target"] == {"iteration": 2, "wall_s": pytest.approx(90.0),
+                                                "usd": pytest.approx(90.0 * 8 * 3.0 / 3600)}
+    assert result["b_over_a_to_target"]["time"] == pytest.approx(1.5)
+    assert result["b_over_a_to_target"]["cost"] == pytest.approx(0.6 / 4.0)
+    text = (out / "compare.md").read_text()
+    assert "| EMULATED H100 SXM5 GPU s to target | 60.0 | 90.0 |" in text and "time 1.50x, cost 0.15x" in text

@@ -11,7 +11,15 @@ reward with standard errors per iteration and per training wall second) and ``co
 
 The target is RUN_B's final validation mean unless ``--target`` is given. "Iterations to target"
 is the first validated iteration whose mean reaches it; "wall time to target" sums ``iteration_s``
-(rollouts, rewards, training, exploration; validation excluded) up to that iteration.
+(rollouts, rewards, training, exploration; validation excluded) up to that iteration, and "USD to
+target" is the cost ledger at that iteration.
+
+Emulated runs (``emulation.json`` beside the metrics: ``spotlight train --emulate``, the ROLL
+launcher's ``--emulate``) are compared in EMULATED GPU seconds: wall time times the time-scale.
+A run without a spot pool has no ledger; an emulated one is then billed as its on-demand GPUs for
+that time at the on-demand price it names. Their validation rewards are stand-ins that depend on
+the weight version only, so "to the same validation score" means to the same iteration there, and
+the time and cost ratios to the target are the verdict on speed and cost.
 
 **Worse**, precisely. d = final(A) - final(B), the final validation rewards. When both runs
 finished on the same validation pairs (equal ``task`` sections and pair counts in summary.json) d
@@ -48,6 +56,8 @@ class Run:
     spot: dict[str, float] = field(default_factory=dict)
     final_rewards: list[float] | None = None
     config: dict | None = None
+    usd: dict[int, float] = field(default_factory=dict)  # the ledger's total up to each iteration
+    emulation: dict | None = None                        # emulation.json of an emulated run
 
     @property
     def final(self) -> tuple[int, float, float]:
@@ -64,15 +74,22 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     val = [(int(r["step"]), float(r["val_reward"]), float(r.get("val_reward_se", 0.0))) for r in rows if "val_reward" in r]
     if not val:
         raise ValueError(f"{metrics} has no validation rows (val_reward): nothing to compare")
-    wall, total = {}, 0.0
+    emulation = json.loads((path / "emulation.json").read_text()) if (path / "emulation.json").is_file() else None
+    scale = float(emulation["time_scale"]) if emulation else 1.0  # emulated: GPU seconds
+    wall, usd, total = {}, {}, 0.0
     for r in rows:
-        total += float(r.get("iteration_s", 0.0))
+        total += float(r.get("iteration_s", 0.0)) * scale
         wall[int(r["step"])] = total
+        if "cost/usd" in r:
+            usd[int(r["step"])] = float(r["cost/usd"])
+        elif emulation and "ondemand_gpus" in emulation:  # no spot pool: its on-demand GPUs, billed
+            usd[int(r["step"])] = total * emulation["ondemand_gpus"] * emulation["ondemand_usd_per_gpu_hour"] / 3600
     last_cost = next((r for r in reversed(rows) if "cost/usd" in r), {})
     last_spot = next((r for r in reversed(rows) if any(k.startswith("spot/") for k in r)), {})
     run = Run(path, label or path.name, val, wall,
               cost={k: float(v) for k, v in last_cost.items() if k.startswith("cost/")},
-              spot={k.removeprefix("spot/"): float(v) for k, v in last_spot.items() if k.startswith("spot/")})
+              spot={k.removeprefix("spot/"): float(v) for k, v in last_spot.items() if k.startswith("spot/")},
+              usd=usd, emulation=emulation)
     summary = path / "summary.json"
     if summary.is_file():
         data = json.loads(summary.read_text())
@@ -82,11 +99,22 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 
 def reach(run: Run, target: float) -> dict:
-    """First validated iteration whose mean reaches `target`, and the training wall seconds to it."""
+    """First validated iteration whose mean reaches `target`, and the training wall seconds (GPU
+    seconds when emulated) and dollars (None without a ledger) to it."""
     for step, mean, _ in run.val:
         if mean >= target:
-            return {"iteration": step, "wall_s": run.wall_s.get(step, 0.0)}
-    return {"iteration": None, "wall_s": None}
+            return {"iteration": step, "wall_s": run.wall_s.get(step, 0.0), "usd": run.usd.get(step)}
+    return {"iteration": None, "wall_s": None, "usd": None}
+
+
+def ratios(a: dict, b: dict) -> dict:
+    """B's time and cost to the target over A's (> 1: A is faster, cheaper); None when either did
+    not reach it or has no figure."""
+    def ratio(key: str):
+        x, y = a[key], b[key]
+        return y / x if x and y is not None else None
+
+    return {"time": ratio("wall_s"), "cost": ratio("usd")}
 
 
 def ledger(run: Run) -> dict:
@@ -131,12 +159,20 @@ def compare(a: Run, b: Run, *, target: float | None = None, tolerance: float = D
         notes.append("the runs use different reward sections: their rewards may not be comparable")
     if diff["kind"] == "unpaired":
         notes.append("not paired: the runs did not both finish on the same validation pairs (summary.json)")
+    emulated = [r.emulation for r in (a, b) if r.emulation]
+    if len(emulated) == 1:
+        notes.append("only one run is emulated: its seconds are GPU seconds, the other's wall seconds")
+    if emulated:
+        notes.append("EMULATED: validation rewards are stand-ins of the weight version, so to the target is to the "
+                     "same iteration; the time and cost ratios are the verdict")
+    to_target = {key: reach(r, target) for key, r in (("a", a), ("b", b))}
     return {
         "runs": {key: {"label": r.label, "path": str(r.path), "final_iteration": r.final[0],
                        "final_mean": r.final[1], "final_se": r.final[2],
                        "curve": [{"iteration": s, "mean": m, "se": e, "wall_s": r.wall_s.get(s, 0.0)} for s, m, e in r.val],
-                       "to_target": reach(r, target), "ledger": ledger(r), "spot": r.spot}
+                       "to_target": to_target[key], "ledger": ledger(r), "spot": r.spot, "emulation": r.emulation}
                  for key, r in (("a", a), ("b", b))},
+        "b_over_a_to_target": ratios(to_target["a"], to_target["b"]),
         "target": target, "target_source": source,
         "difference": diff | {"upper_bound": bound, "z": z, "tolerance": tolerance},
         "worse": bound < -tolerance,
@@ -158,8 +194,10 @@ def markdown(result: dict) -> str:
              f"| final validation reward | {a['final_mean']:.4f} ± {a['final_se']:.4f} (it {a['final_iteration']}) "
              f"| {b['final_mean']:.4f} ± {b['final_se']:.4f} (it {b['final_iteration']}) |",
              f"| iterations to target | {_fmt(a['to_target']['iteration'], 'd')} | {_fmt(b['to_target']['iteration'], 'd')} |",
-             f"| training wall s to target | {_fmt(a['to_target']['wall_s'], '.1f')} "
-             f"| {_fmt(b['to_target']['wall_s'], '.1f')} |"]
+             f"| {_seconds_label(a, b)} to target | {_fmt(a['to_target']['wall_s'], '.1f')} "
+             f"| {_fmt(b['to_target']['wall_s'], '.1f')} |",
+             f"| USD to target | {_fmt(a['to_target']['usd'], '.2f', 'no ledger')} "
+             f"| {_fmt(b['to_target']['usd'], '.2f', 'no ledger')} |"]
     for key, name, spec in (("gpu_hours", "GPU-hours (ledger)", ".3f"), ("usd", "USD (ledger)", ".2f"),
                             ("all_ondemand_usd", "USD if all on demand", ".2f")):
         lines.append(f"| {name} | {_fmt(a['ledger'][key], spec, 'no ledger')} | {_fmt(b['ledger'][key], spec, 'no ledger')} |")
@@ -170,10 +208,21 @@ def markdown(result: dict) -> str:
     lines += ["", f"Final difference A - B ({d['kind']}{'' if d['n'] is None else ', n = ' + str(d['n'])}): "
               f"{d['d']:+.4f} ± {d['se']:.4f}; upper bound d + z·se = {d['upper_bound']:+.4f} (z = {d['z']:g}).",
               "", f"Rule: {result['rule']}. Verdict: **A is {verdict}** than B beyond tolerance {d['tolerance']:g}.", ""]
+    r = result["b_over_a_to_target"]
+    if r["time"] is not None or r["cost"] is not None:
+        lines += [f"To the target, B over A: time {_fmt(r['time'], '.2f', 'n/a')}x, "
+                  f"cost {_fmt(r['cost'], '.2f', 'n/a')}x (> 1: A is faster, cheaper).", ""]
     lines += [f"Note: {n}." for n in result["notes"]]
     lines += ["", "GPU-hours and dollars come from each run's cost ledger (`cost/*`, written when a spot pool ran); "
               "wall time is the sum of `iteration_s` (validation excluded).", "", "![curves](compare.png)", ""]
     return "\n".join(lines)
+
+
+def _seconds_label(a: dict, b: dict) -> str:
+    if a["emulation"] and b["emulation"]:
+        gpus = sorted({a["emulation"]["gpu"], b["emulation"]["gpu"]})
+        return f"EMULATED {'/'.join(gpus)} GPU s"
+    return "training wall s"
 
 
 def plot(result: dict, path: Path) -> None:
