@@ -134,6 +134,7 @@ class LocalCluster:
         self.address: str | None = None
         self.head: subprocess.Popen | None = None
         self.nodes: dict[str, SpotNodeProcesses] = {}
+        self._raylets = 0  # raylets started, the head's included (`_after_last_raylet`)
         self.gone: list[SpotNodeProcesses] = []
         self.stub = None
         self._gcs = None
@@ -216,6 +217,7 @@ class LocalCluster:
                 "--node-name", name, "--num-cpus", "0", "--resources",
                 json.dumps({SPOT_RESOURCE: self.config.gpus_per_node}), "--labels", SPOT_LABEL]
         env = _ray_env(cluster_node=True) | {"RAY_NODE_MARKET_TYPE": "spot", "RAY_NODE_ZONE": zone}
+        self._after_last_raylet()
         raylet = self._ray_start(name, args, env)
         self.nodes[name] = SpotNodeProcesses(name, zone, raylet, self._start_agent(name))
 
@@ -294,8 +296,21 @@ class LocalCluster:
                                    f"(logs under {self.root})")
             time.sleep(0.2)
 
+    def _after_last_raylet(self, timeout_s: float = 30.0) -> None:
+        """Wait until every raylet started so far has made its object-store socket. A raylet takes
+        the first free name in the session's sockets folder (and keys its cached ports by it), so
+        two that start together can take the same one and fail to bind (measured: ray 2.48, where
+        every node uses the head's session folder; ray 2.60 gives each node its own)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            made = {path.resolve() for path in self.root.glob("*/session_*/sockets/plasma_store*")}
+            if len(made) >= self._raylets:
+                return
+            time.sleep(0.05)
+
     def _ray_start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         """``ray start --block`` in a session of its own (its process group is the node)."""
+        self._raylets += 1
         temp_dir = self.root / name
         temp_dir.mkdir()
         cmd = [*RAY_START_ON_LOOPBACK, "start", "--block", "--temp-dir", str(temp_dir),
