@@ -46,20 +46,21 @@ TIME_SCALE ?= 30
 ifdef EMULATE
 COMPARE_RECIPE ?= qwen_image_ocr_512
 ROLL_ARGS ?= max_steps=6 eval_steps=2 ++task.val_prompts=64 spot.max_workers=8
-LAUNCH_ARGS = --emulate $(EMULATE) --time-scale $(TIME_SCALE) spot.source=market \
-  ++spot.trace=$(CURDIR)/roll_spotlight/spot/data/bamboo-spot-traces/aws/p3-trace.csv
+LAUNCH_FLAGS = --emulate $(EMULATE) --time-scale $(TIME_SCALE)
+LAUNCH_OVERRIDES = spot.source=market ++spot.trace=$(CURDIR)/roll_spotlight/spot/data/bamboo-spot-traces/aws/p3-trace.csv
 LAUNCH_ENV = OCR_PROMPTS_DIR=$(abspath $(COMPARE_DIR))/prompts
 else
 COMPARE_RECIPE ?= tiny_shapes_roll
 ROLL_ARGS ?= max_steps=20 eval_steps=5
 endif
-ROLL_RUN = $(LAUNCH_ENV) PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) \
-  -m roll_spotlight.launch --config_path configs/roll output_dir=$(COMPARE_DIR) $(LAUNCH_ARGS) $(ROLL_ARGS)
+roll_run = $(LAUNCH_ENV) PATH="$$(dirname "$$(command -v $(ROLL_PY))"):$$PATH" OMP_NUM_THREADS=1 $(ROLL_PY) \
+  -m roll_spotlight.launch --config_path configs/roll --config_name $(1) $(LAUNCH_FLAGS) \
+  output_dir=$(COMPARE_DIR) $(LAUNCH_OVERRIDES) $(ROLL_ARGS)
 compare-roll:
 	rm -rf $(COMPARE_DIR)
 	$(if $(EMULATE),$(ROLL_PY) -m roll_spotlight.cli prompts ocr --out $(COMPARE_DIR)/prompts --train 4000 --test 200)
-	$(ROLL_RUN) --config_name $(COMPARE_RECIPE)
-	$(ROLL_RUN) --config_name $(COMPARE_RECIPE)_vanilla
+	$(call roll_run,$(COMPARE_RECIPE))
+	$(call roll_run,$(COMPARE_RECIPE)_vanilla)
 	$(ROLL_PY) -m roll_spotlight.tools.compare $(COMPARE_DIR)/$(COMPARE_RECIPE) $(COMPARE_DIR)/$(COMPARE_RECIPE)_vanilla \
 	  --out $(COMPARE_DIR)/report --fail-if-worse
 

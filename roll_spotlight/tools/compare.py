@@ -213,8 +213,9 @@ def markdown(result: dict) -> str:
         lines += [f"To the target, B over A: time {_fmt(r['time'], '.2f', 'n/a')}x, "
                   f"cost {_fmt(r['cost'], '.2f', 'n/a')}x (> 1: A is faster, cheaper).", ""]
     lines += [f"Note: {n}." for n in result["notes"]]
-    lines += ["", "GPU-hours and dollars come from each run's cost ledger (`cost/*`, written when a spot pool ran); "
-              "wall time is the sum of `iteration_s` (validation excluded).", "", "![curves](compare.png)", ""]
+    lines += ["", "GPU-hours and dollars come from each run's cost ledger (`cost/*`, written when a spot pool ran; an "
+              "emulated run without one is billed as its on-demand GPUs, emulation.json); wall time is the sum of "
+              "`iteration_s` (validation excluded), times the time-scale when emulated.", "", "![curves](compare.png)", ""]
     return "\n".join(lines)
 
 
