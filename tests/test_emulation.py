@@ -137,6 +137,18 @@ def test_bad_emulation_input_is_one_line_exit_2_before_anything_starts(prompts, 
 
 @pytest.mark.ray
 @pytest.mark.slow
+def test_capacity_counts_each_worker_process_at_its_host_size():
+    """A ROLL host's workers are larger processes than the runtime's actors: the same count that
+    fits as actors may not fit as ROLL workers, and the error says how many spot nodes would."""
+    from roll_spotlight.cluster.emulated_nodes import (EMULATED_WORKER_MB, HEAD_MB, NODE_BASE_MB, ROLL_WORKER_MB,
+                                                       check_capacity)
+
+    available = HEAD_MB + 12 * EMULATED_WORKER_MB + 2 * (NODE_BASE_MB + EMULATED_WORKER_MB)
+    check_capacity((12, 2), 1, available)  # fits exactly as runtime actors
+    with pytest.raises(ValueError, match=r"--emulate: 12 ROLL workers and 2 spot nodes .* at most 0 spot nodes"):
+        check_capacity((12, 2), 1, available, ondemand_mb=ROLL_WORKER_MB, ondemand="ROLL workers")
+
+
 def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, tmp_path):
     """Two on-demand GPUs and one spot node of two on emulated H100s, four iterations at
     time-scale 4, spot training on: the trace notices the node 2 s ahead (through its notice agent)

@@ -17,6 +17,8 @@ from roll_spotlight.spot.pool import MarketSchedule
 # Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
 # training stand-ins, no model (a Qwen-Image worker holds the model on its GPU, not here).
 EMULATED_WORKER_MB = 300.0
+# ... and of a ROLL worker process (ROLL, transformers and megatron imported): 488-503 MB measured
+ROLL_WORKER_MB = 520.0
 
 
 def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
@@ -24,16 +26,18 @@ def emulated_gpus(cfg, ondemand_workers: int) -> tuple[int, int]:
     return 1 + ondemand_workers, cfg.spot.max_workers if cfg.spot.enabled else 0
 
 
-def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None) -> None:
+def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: float | None = None, *,
+                   ondemand_mb: float = EMULATED_WORKER_MB, ondemand: str = "on-demand GPUs") -> None:
     """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
-    process each, and a raylet per spot node (`cluster.local_cluster`)."""
-    ondemand, nodes = gpus
+    process each (``ondemand_mb`` for the on-demand ones: a ROLL host's are larger), and a raylet
+    per spot node (`cluster.local_cluster`)."""
+    workers, nodes = gpus
     per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
-    need = HEAD_MB + ondemand * EMULATED_WORKER_MB + nodes * per_node
+    need = HEAD_MB + workers * ondemand_mb + nodes * per_node
     available = available_memory_mb() if available_mb is None else available_mb
     if need > available:
-        fits = max(0, int((available - HEAD_MB - ondemand * EMULATED_WORKER_MB) // per_node))
-        raise ValueError(f"--emulate: {ondemand} on-demand GPUs and {nodes} spot nodes of {gpus_per_node} GPUs need "
+        fits = max(0, int((available - HEAD_MB - workers * ondemand_mb) // per_node))
+        raise ValueError(f"--emulate: {workers} {ondemand} and {nodes} spot nodes of {gpus_per_node} GPUs need "
                          f"about {need / 1024:.1f} GiB and this machine has {available / 1024:.1f} GiB available: "
                          f"at most {fits} spot nodes (spot.max_workers) here")
 

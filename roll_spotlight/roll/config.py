@@ -126,6 +126,13 @@ class SpotlightConfig(BaseConfig):
 
         try:
             check_startup(self.to_run_config(), self.placement(), key=recipe_key)
+            if self.emulate:  # every role's rank is a ROLL worker process here
+                from roll_spotlight.cluster.emulated_nodes import ROLL_WORKER_MB, check_capacity, emulated_gpus
+
+                ranks = sum(getattr(self, role).world_size for role in ROLE_NAMES)
+                spot_nodes = emulated_gpus(self.to_run_config(), 0)[1]
+                check_capacity((ranks, spot_nodes), self.spot.gpus_per_node, ondemand_mb=ROLL_WORKER_MB,
+                               ondemand="ROLL workers")
         except (ValueError, OSError) as exc:
             raise ConfigError(f"{self.source}: {exc}") from exc
 
