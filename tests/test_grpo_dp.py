@@ -16,6 +16,7 @@ import torch
 from roll_spotlight.flow_grpo import group_advantages
 from roll_spotlight.config.run import GRPOConfig
 from roll_spotlight.training.grpo import AllReduceGradients, FlowGRPOTrainer, GradientSync, ScoredBatch
+from tests.runtime_helpers import end_rank
 
 GROUP = 4
 REWARDS = np.array([0.5, 0.5, 0.5, 0.5,  0.1, 0.9, 0.3, 0.4,  0.8, 0.2, 0.6, 0.7])  # group 0: zero std
@@ -98,9 +99,10 @@ def _rank_main(rank: int, world: int, problem_path: str, init_file: str, out_dir
                        whole_groups=np.tile(batch.group_ids, world))
         identical = _train(copy.deepcopy(policy), twice, AllReduceGradients())
         torch.save({"sharded": sharded, "identical": identical}, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # no rank tears its connections down while a peer may still be using them
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    end_rank(dist)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from roll_spotlight.models import LoraConfig
 from roll_spotlight.training.grpo import FlowGRPOTrainer, GradientSync, ScoredBatch
 from roll_spotlight.training.sampling import RolloutSpec, generate
 from roll_spotlight.training.sharding import sharding_plan
-from tests.runtime_helpers import random_policy, tiny_config
+from tests.runtime_helpers import end_rank, random_policy, tiny_config
 
 GROUP = 4
 REWARDS = np.array([0.5, 0.5, 0.5, 0.5,  0.1, 0.9, 0.3, 0.4,  0.8, 0.2, 0.6, 0.7])  # group 0: zero std
@@ -94,9 +94,10 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
                              "published": full_published_state(policy),
                              "local_numel": sum(p.to_local().numel() for p in trainer.params)}
         torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    end_rank(dist)
 
 
 @pytest.fixture(scope="module")

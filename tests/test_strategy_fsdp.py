@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.runtime_helpers import random_policy, tiny_config
+from tests.runtime_helpers import end_rank, random_policy, tiny_config
 
 pytestmark = pytest.mark.dist
 OVERRIDES = ("model.num_layers=2", "train.micro_batch_size=2", "train.kl_beta=0.05")
@@ -71,9 +71,10 @@ def _rank_main(rank: int, world: int, tmp: str) -> None:
         out = {"metrics": metrics, "digest": digest, "reloaded": strategy.weights_digest(),
                "sharded": strategy.sharded, "versions": None if store is None else store.versions}
         torch.save(out, os.path.join(tmp, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    end_rank(dist)
 
 
 @pytest.fixture(scope="module")
