@@ -134,7 +134,7 @@ class LocalCluster:
         self.address: str | None = None
         self.head: subprocess.Popen | None = None
         self.nodes: dict[str, SpotNodeProcesses] = {}
-        self._raylets = 0  # raylets started, the head's included (`_after_last_raylet`)
+        self._last_start = None  # (sockets before the last raylet started, its process): `_after_last_raylet`
         self.gone: list[SpotNodeProcesses] = []
         self.stub = None
         self._gcs = None
@@ -297,28 +297,33 @@ class LocalCluster:
             time.sleep(0.2)
 
     def _after_last_raylet(self, timeout_s: float = 30.0) -> None:
-        """Wait until every raylet started so far has made its object-store socket. A raylet takes
-        the first free name in the session's sockets folder (and keys its cached ports by it), so
-        two that start together can take the same one and fail to bind (measured: ray 2.48, where
-        every node uses the head's session folder; ray 2.60 gives each node its own)."""
+        """Wait until the raylet started last has made its object-store socket (or has exited). A
+        raylet takes the first free name in the session's sockets folder (and keys its cached
+        ports by it), so two that start together can take the same one and fail to bind
+        (measured: ray 2.48, where every node uses the head's session folder)."""
+        if self._last_start is None:
+            return
+        before, process = self._last_start
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            made = {path.resolve() for path in self.root.glob("*/session_*/sockets/plasma_store*")}
-            if len(made) >= self._raylets:
-                return
+        while time.monotonic() < end and process.poll() is None and not self._sockets() - before:
             time.sleep(0.05)
+
+    def _sockets(self) -> set[Path]:
+        return {path.resolve() for path in self.root.glob("*/session_*/sockets/plasma_store*")}
 
     def _ray_start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         """``ray start --block`` in a session of its own (its process group is the node)."""
-        self._raylets += 1
+        before = self._sockets()
         temp_dir = self.root / name
         temp_dir.mkdir()
         cmd = [*RAY_START_ON_LOOPBACK, "start", "--block", "--temp-dir", str(temp_dir),
                "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
                "--min-worker-port", "0", "--max-worker-port", "0", "--disable-usage-stats", *args]
         with open(self.root / f"{name}.log", "ab") as out:
-            return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+        self._last_start = (before, process)
+        return process
 
 
 # `ray start` as Ray's CLI runs it, except that a literal 127.0.0.1 stays one: the CLI would turn a
