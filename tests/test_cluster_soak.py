@@ -101,6 +101,35 @@ def test_a_drop_without_notice_is_a_plain_kill():
     assert (driver.stats.kills_without_notice, driver.stats.kills_after_notice, driver.stats.notices) == (1, 0, 0)
 
 
+def test_a_raylet_start_never_holds_up_the_caller_and_a_node_killed_first_never_starts(monkeypatch):
+    """Raylets start one after another on the cluster's starter thread: adding a node while the
+    last raylet has not made its socket returns with the node queued (so the trace's driver,
+    whose notices have 2-second deadlines when compressed, is never held up), and a node killed
+    before its turn is never started. ``sleep`` processes stand in for raylets and agents."""
+    import subprocess
+
+    from roll_spotlight.cluster.local_cluster import LocalCluster, LocalClusterConfig
+
+    def sleeper(*_args):
+        return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+    started = []
+    cluster = LocalCluster(LocalClusterConfig(provider="k8s"))
+    cluster.address = "127.0.0.1:1"
+    monkeypatch.setattr(cluster, "_start_agent", sleeper)
+    monkeypatch.setattr(cluster, "_sockets", set)  # no raylet ever makes its socket
+    monkeypatch.setattr(cluster, "_ray_start", lambda name, args, env: started.append(name) or sleeper())
+    try:
+        cluster.add_spot_node("a")
+        cluster.add_spot_node("b")  # waits for a's socket on the starter thread, not here
+        assert cluster.nodes["b"].raylet is None and "b" not in started
+        assert cluster.kill("b") is False, "b never ran"
+        assert cluster.kill("a") is True  # a exits: the starter moves on, and skips b
+    finally:
+        cluster.close()
+    assert started == ["a"] and cluster.nodes == {}
+
+
 def _my_ray_processes() -> set[int]:
     import psutil
 

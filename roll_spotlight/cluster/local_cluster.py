@@ -34,15 +34,17 @@ import json
 import logging
 import math
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
@@ -119,9 +121,8 @@ class LocalClusterConfig:
 class SpotNodeProcesses:
     name: str
     zone: str
-    raylet: subprocess.Popen
     agent: subprocess.Popen
-    started_at: float = field(default_factory=time.monotonic)
+    raylet: subprocess.Popen | None = None  # None until its turn among the raylet starts
 
 
 class LocalCluster:
@@ -135,7 +136,9 @@ class LocalCluster:
         self.head: subprocess.Popen | None = None
         self.nodes: dict[str, SpotNodeProcesses] = {}
         self._last_start = None  # (sockets before the last raylet started, its process): `_after_last_raylet`
-        self.gone: list[SpotNodeProcesses] = []
+        self._lock = threading.Lock()  # a node's raylet starts, or it is killed, not both at once
+        self._starts: queue.SimpleQueue = queue.SimpleQueue()
+        self._starter: threading.Thread | None = None
         self.stub = None
         self._gcs = None
 
@@ -175,6 +178,10 @@ class LocalCluster:
         the temp dir."""
         for name in list(self.nodes):
             self.kill(name)
+        if self._starter is not None:
+            self._starts.put(None)
+            self._starter.join()
+            self._starter = None
         if self.head is not None:
             _end_group(self.head, signal.SIGTERM, wait_s=20.0)
             self.head = None
@@ -207,8 +214,9 @@ class LocalCluster:
     # -- spot nodes ----------------------------------------------------------------------------
 
     def add_spot_node(self, name: str, zone: str = "") -> None:
-        """Start a spot raylet called ``name`` and its notice agent; returns at once (the node
-        registers with the GCS some seconds later)."""
+        """Start a spot raylet called ``name`` and its notice agent; returns at once: the raylet
+        starts on the starter thread after those queued before it (`_after_last_raylet`), and the
+        node registers with the GCS some seconds later."""
         assert self.address is not None, "start() first"
         if name in self.nodes:
             raise ValueError(f"spot node {name!r} is already running")
@@ -217,9 +225,27 @@ class LocalCluster:
                 "--node-name", name, "--num-cpus", "0", "--resources",
                 json.dumps({SPOT_RESOURCE: self.config.gpus_per_node}), "--labels", SPOT_LABEL]
         env = _ray_env(cluster_node=True) | {"RAY_NODE_MARKET_TYPE": "spot", "RAY_NODE_ZONE": zone}
-        self._after_last_raylet()
-        raylet = self._ray_start(name, args, env)
-        self.nodes[name] = SpotNodeProcesses(name, zone, raylet, self._start_agent(name))
+        with self._lock:
+            self.nodes[name] = SpotNodeProcesses(name, zone, self._start_agent(name))
+        if self._starter is None:
+            self._starter = threading.Thread(target=self._start_raylets, name="raylet-starter", daemon=True)
+            self._starter.start()
+        self._starts.put((name, args, env))
+
+    def _start_raylets(self) -> None:
+        """The starter thread: one raylet after another, so that the caller (the trace's driver,
+        whose notices have deadlines of 2 s of wall time in a compressed replay) never waits on a
+        start; a node killed before its turn never starts."""
+        while (item := self._starts.get()) is not None:
+            name, args, env = item
+            self._after_last_raylet()
+            with self._lock:
+                node = self.nodes.get(name)
+                if node is not None:
+                    try:
+                        node.raylet = self._ray_start(name, args, env)
+                    except OSError as err:  # the node never registers: `wait_registered` names it
+                        log.error("spot node %s: its raylet did not start: %s", name, err)
 
     def _start_agent(self, name: str) -> subprocess.Popen:
         cfg = self.config
@@ -244,11 +270,12 @@ class LocalCluster:
     def kill(self, name: str) -> bool:
         """SIGKILL the node's raylet (its process group, then any descendant left) and its agent;
         False if the raylet had already exited (a drained idle raylet shuts itself down)."""
-        node = self.nodes.pop(name)
-        running = node.raylet.poll() is None
-        _end_group(node.raylet, signal.SIGKILL, wait_s=5.0)
+        with self._lock:
+            node = self.nodes.pop(name)
+        running = node.raylet is not None and node.raylet.poll() is None
+        if node.raylet is not None:
+            _end_group(node.raylet, signal.SIGKILL, wait_s=5.0)
         _end_group(node.agent, signal.SIGKILL, wait_s=5.0)
-        self.gone.append(node)
         return running
 
     def node_ids(self) -> dict[str, str]:
