@@ -282,3 +282,33 @@ def test_kill_without_notice_loses_at_most_commit_every_steps(executors, step):
     out = executors["ondemand"].run(resumed).output
     ref = executors["ref"].run(one_request_queue()[1]).output
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
+
+
+def test_notices_of_one_poll_re_form_the_survivors_once_without_any_noticed_node():
+    """Two elastic nodes noticed in the same poll: both groups are told at once, and the one
+    regroup at the end of the poll drops every noticed member (a regroup per notice would plan
+    the second noticed node into a new group, whose members then wait out its rendezvous)."""
+    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+
+    class Groups:
+        def __init__(self, members):
+            self.workers, self.calls = dict.fromkeys(members), []
+
+        def notice(self, members, seconds_left):
+            self.calls.append(("notice", sorted(members)))
+
+        def regroup(self, lost=(), newcomers=None):
+            self.calls.append(("regroup", sorted(lost), dict(newcomers or {})))
+
+    launcher = RayWorkerLauncher("unused", None, None, gpus_per_node=2, elastic=object())
+    for node in ("a", "b", "c"):
+        launcher.nodes[f"spot-{node}"] = [f"spot-{node}", f"spot-{node}/g1"]
+        launcher.members |= {f"spot-{node}": (node, 0), f"spot-{node}/g1": (node, 1)}
+    launcher.groups = Groups(launcher.members.values())
+    launcher.notify("spot-a", 5.0)
+    launcher.notify("spot-b", 5.0)
+    assert launcher.groups.calls == [("notice", [("a", 0), ("a", 1)]), ("notice", [("b", 0), ("b", 1)])]
+    launcher.advance()
+    assert launcher.groups.calls[2:] == [("regroup", [("a", 0), ("a", 1), ("b", 0), ("b", 1)], {})]
+    launcher.advance()
+    assert len(launcher.groups.calls) == 3, "nothing new: no regroup"

@@ -14,7 +14,8 @@ re-forms them after losses and arrivals. One regroup (:meth:`ElasticGroups.regro
        keeping survivors together; workers no group of at least ``min_degree`` can hold wait
        (``Plan.idle``) until newcomers let them merge;
     4. every group that changes is left by its surviving members (`leave_group`: commit after the
-       step in hand), and the driver waits until each of its members' `serve()` returned;
+       step in hand), and the driver waits until its members' `serve()` returned (one deadline,
+       ``timeout_s``, for all of them);
     5. each new group forms under a fresh generation prefix (`comm.generation_prefix`), which is
        also its name in the queue (a name that had a notice keeps being refused leases), and
        serves; the committed lease resumes on the first group that pulls it, at any degree.
@@ -170,19 +171,23 @@ class ElasticGroups:
             for member in group.members:
                 if member in self.workers:
                     self.workers[member].leave_group.remote()
+        serving = {}  # ObjectRef of a member's serve() -> its group
+        for group in groups:
+            for member in group.members:
+                if member in self.serving:
+                    serving[self.serving.pop(member)] = (group, member)
+        if serving:  # one deadline for all: members stuck on a vanished peer fail together
+            ray.wait(list(serving), num_returns=len(serving), timeout=self.config.timeout_s)
+        failed = set()
+        for ref, (group, member) in serving.items():
+            try:
+                self.finished[member] = ray.get(ref, timeout=0)
+            except RayError:  # the actor died, its serve() raised when a peer did, or it is stuck
+                failed.add(group)
         broken = []
         for group in groups:
-            failed = False
-            for member in group.members:
-                ref = self.serving.pop(member, None)
-                if ref is None:
-                    continue
-                try:
-                    self.finished[member] = ray.get(ref, timeout=self.config.timeout_s)
-                except RayError:  # the actor died, or its serve() raised when a peer did
-                    failed = True
             name = self.names.pop(group)
-            if failed:
+            if group in failed:
                 broken.append(name)
                 self.requeued += int(ray.get(self.queue.worker_lost.remote(name)))
         return tuple(broken)

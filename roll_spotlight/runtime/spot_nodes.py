@@ -58,7 +58,10 @@ class RayWorkerLauncher:
     - ``elastic`` given: an `elastic.groups.ElasticGroups` owns the members and forms SP groups
       across nodes as its planner says. A node's workers join once all of them loaded their policy
       (:meth:`advance`, called by the pool on every poll, so a slow load never blocks the pool);
-      a notice makes their groups commit and the survivors re-form at once (``regroup(lost=)``);
+      a notice makes their groups commit at once, and the survivors re-form at the end of the
+      poll, in one regroup with every other notice and arrival of that poll (re-forming after
+      each notice would plan the next noticed node of the same poll into a new group, whose
+      members then wait out the rendezvous timeout for it);
       a kill without notice, or a member's own death, breaks its groups, whose leases the regroup
       hands back to the queue. ``regroups`` lists every `RegroupReport`.
     """
@@ -87,6 +90,7 @@ class RayWorkerLauncher:
         self._serving: dict[str, object] = {}  # worker name -> ObjectRef of its solo serve()
         self._ready: dict[str, object] = {}  # worker name -> ObjectRef resolved once __init__ ran
         self._pending: list[str] = []  # elastic nodes started but not yet in a group
+        self._leaving: list[tuple[str, int]] = []  # noticed members the next regroup drops
         self._requeued: dict[str, int] = {}  # pool name -> leases its loss handed back
         self.finished: dict[str, dict] = {}  # worker name -> counters of a serve() that returned
         self.timelines: dict[str, list[dict]] = {}  # worker name -> phases of a worker that is gone
@@ -122,13 +126,14 @@ class RayWorkerLauncher:
             self._pending.append(name)
 
     def advance(self) -> None:
-        """Admit every started node whose workers have all loaded their policy into the groups
-        (one regroup for all of them); nothing to do without elastic SP."""
+        """One regroup for the poll: drop the members noticed since the last one and admit every
+        started node whose workers have all loaded their policy; nothing to do without elastic SP."""
         ready = [name for name in self._pending if all(self._started(w) for w in self.nodes[name])]
-        if ready:
+        leaving, self._leaving = self._leaving, []
+        if ready or leaving:
             self._pending = [n for n in self._pending if n not in ready]
             newcomers = {self.members[w]: self.workers[w] for n in ready for w in self.nodes[n]}
-            self._elastic_groups().regroup(newcomers=newcomers)
+            self._elastic_groups().regroup(lost=leaving, newcomers=newcomers)
 
     def _elastic_groups(self):
         if self.groups is None:
@@ -180,7 +185,7 @@ class RayWorkerLauncher:
         lost = self._grouped(name)
         if lost:
             self.groups.notice(lost, seconds_left)  # their groups commit after the step in hand
-            self.groups.regroup(lost=lost)  # and the survivors re-form at once
+            self._leaving += lost  # and the survivors re-form in this poll's `advance`
 
     def kill(self, name: str) -> int:
         import ray
