@@ -80,19 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     emulate = {"gpu": args.emulate, "time_scale": args.time_scale} if args.emulate else None
     try:
         cfg = load_recipe(args.config_path, args.config_name, args.overrides, emulate=emulate)
+        if args.check:
+            print(f"{cfg.source}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
+            if summary := cfg.elastic.rollout_summary():
+                print(summary)
+            if fallback := cfg.spot_training_summary():
+                print(f"warning: {fallback}")
+            return 0
+        return launch(cfg)
     except ConfigError as exc:
         if args.debug:
             raise
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    if args.check:
-        print(f"{cfg.source}: OK ({cfg.exp_name}, {cfg.max_steps} steps)")
-        if summary := cfg.elastic.rollout_summary():
-            print(summary)
-        if fallback := cfg.spot_training_summary():
-            print(f"warning: {fallback}")
-        return 0
-    return launch(cfg)
 
 
 def load_recipe(config_path: str, config_name: str, overrides: list[str], emulate: dict | None = None):
@@ -116,23 +116,29 @@ def load_recipe(config_path: str, config_name: str, overrides: list[str], emulat
 
 def launch(cfg) -> int:
     """ROLL's ``init()`` (starts or joins the Ray cluster), then the recipe's pipeline; with
-    emulated GPUs, inside the local cluster of the emulated spot nodes (module docstring)."""
+    emulated GPUs, inside the local cluster of the emulated spot nodes (module docstring), where
+    the pipeline starts its spot pool once the fleet joined (`SpotlightPipeline.start_spot`)."""
     from pathlib import Path
 
     from roll.distributed.scheduler.initialize import init
 
     from roll_spotlight import plugins
+    from roll_spotlight.config.strict import ConfigError
+    from roll_spotlight.roll.pipeline import SpotlightPipeline
     from roll_spotlight.run_report import write_report
     from roll_spotlight.startup import spot_nodes
 
     pipeline_cls = plugins.resolve("pipelines", cfg.pipeline_cls)
+    if cfg.emulate and not issubclass(pipeline_cls, SpotlightPipeline):
+        raise ConfigError(f"{cfg.source}: pipeline_cls={cfg.pipeline_cls!r}: --emulate runs SpotlightPipeline "
+                          "and its subclasses (their start_spot follows the emulated fleet)")
     with spot_nodes(cfg.to_run_config(), cfg.placement()) as nodes:  # nothing to start unless emulated
         if nodes.address is not None:
             os.environ["RAY_ADDRESS"] = nodes.address  # ROLL's `ray status` and ray.init() join it
         init()
         pipeline = pipeline_cls(pipeline_config=cfg)
         nodes.add_fleet()
-        if hasattr(pipeline, "start_spot"):
+        if cfg.emulate:  # the pool follows the fleet that just joined; then the trace's clock starts
             pipeline.start_spot()
         nodes.start()
         pipeline.run()

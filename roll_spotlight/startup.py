@@ -29,6 +29,16 @@ def set_threads(n: int | None) -> None:
 
 
 @dataclass(frozen=True)
+class HostWorkers:
+    """The on-demand worker processes an emulated run starts on this machine, beside the spot
+    raylets: how many, the memory (RSS, MB) each holds, and what a capacity error calls them."""
+
+    count: int
+    mb: float
+    what: str = "on-demand GPUs"
+
+
+@dataclass(frozen=True)
 class WorkerPlacement:
     """Where the loop's workers run: in this process (`ray=False`) or on Ray actors.
 
@@ -37,6 +47,8 @@ class WorkerPlacement:
     names a GPU type (`sim.gpus`): every worker's compute waits its calibrated duration on that
     GPU, divided by `time_scale`, instead of running the model (`runtime.emulated`); spot nodes
     are then raylets of a local cluster that the spot trace starts, drains and kills.
+    `host_workers`: the emulated run's on-demand processes when they are not the trainer and
+    `workers` emulated worker actors (a ROLL host's: every role's ranks, `HostWorkers`).
     """
 
     ray: bool = False
@@ -46,6 +58,7 @@ class WorkerPlacement:
     emulate: str | None = None
     time_scale: float = 1.0
     sp_min_degree: int | None = None
+    host_workers: HostWorkers | None = None
 
     def on_ray(self, cfg) -> bool:
         return self.ray or self.address is not None or cfg.spot.enabled or self.emulate is not None
@@ -136,7 +149,12 @@ def check_emulation(cfg, placement: WorkerPlacement) -> None:
     if errors:
         raise ValueError(f"--emulate {placement.emulate}: the memory plan does not fit a {spec.name} "
                          f"({spec.memory_gib:g} GiB): {errors[0]}")
-    check_capacity(emulated_gpus(cfg, placement.workers), cfg.spot.gpus_per_node)
+    ondemand, spot_nodes = emulated_gpus(cfg, placement.workers)
+    host = placement.host_workers
+    if host is None:
+        check_capacity((ondemand, spot_nodes), cfg.spot.gpus_per_node)
+    else:
+        check_capacity((host.count, spot_nodes), cfg.spot.gpus_per_node, ondemand_mb=host.mb, ondemand=host.what)
 
 
 MISSING_PREFIX = "/missing/"  # recipes default an unset ${oc.env:VAR} to /missing/VAR

@@ -55,6 +55,7 @@ def test_an_emulated_roll_run_follows_a_spot_raylet_through_notice_and_kill(tmp_
     (("--emulate", "h900"), "--emulate"),
     (("--emulate", "h100", "--time-scale", "0"), "--time-scale"),
     (("--emulate", "h100", "spot.enabled=true", "+spot.source=cluster"), "spot.source=cluster"),
+    (("--emulate", "h100", "actor_infer.world_size=400"), "ROLL workers"),  # each rank a ROLL process here
 ])
 def test_bad_emulation_options_stop_the_launch_before_rolls_init(tmp_path, argv, named):
     out = _launch(tmp_path, *argv, timeout=120)

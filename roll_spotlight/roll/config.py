@@ -126,26 +126,25 @@ class SpotlightConfig(BaseConfig):
 
         try:
             check_startup(self.to_run_config(), self.placement(), key=recipe_key)
-            if self.emulate:  # every role's rank is a ROLL worker process here
-                from roll_spotlight.cluster.emulated_nodes import ROLL_WORKER_MB, check_capacity, emulated_gpus
-
-                ranks = sum(getattr(self, role).world_size for role in ROLE_NAMES)
-                spot_nodes = emulated_gpus(self.to_run_config(), 0)[1]
-                check_capacity((ranks, spot_nodes), self.spot.gpus_per_node, ondemand_mb=ROLL_WORKER_MB,
-                               ondemand="ROLL workers")
         except (ValueError, OSError) as exc:
             raise ConfigError(f"{self.source}: {exc}") from exc
 
     def placement(self):
         """How the start-up checks see this recipe's workers (`startup.WorkerPlacement`): on Ray,
-        the actor_train and actor_infer ranks, and the emulated GPUs when ``emulate`` is set."""
-        from roll_spotlight.startup import WorkerPlacement
+        the actor_train and actor_infer ranks, and the emulated GPUs when ``emulate`` is set, where
+        every role's rank is a ROLL worker process on this machine."""
+        from roll_spotlight.startup import HostWorkers, WorkerPlacement
 
         if not self.emulate:
             return WorkerPlacement()
+        from roll_spotlight.cluster.emulated_nodes import ROLL_WORKER_MB
+
         ranks = self._trainer_ranks - 1 + self.actor_infer.world_size  # the placement counts one trainer
+        processes = HostWorkers(sum(getattr(self, role).world_size for role in ROLE_NAMES), ROLL_WORKER_MB,
+                                "ROLL workers")
         return WorkerPlacement(ray=True, workers=ranks, sp_degree=self.elastic.sp_degree,
-                               emulate=self.emulate.get("gpu"), time_scale=float(self.emulate.get("time_scale", 1.0)))
+                               emulate=self.emulate.get("gpu"), time_scale=float(self.emulate.get("time_scale", 1.0)),
+                               host_workers=processes)
 
     def _prepare_role(self, role: str) -> None:
         worker = getattr(self, role)

@@ -76,7 +76,9 @@ class SpotlightPipeline(BasePipeline):
         """Emulated GPUs (``emulate``, the launcher's ``--emulate GPU --time-scale S``): every role
         keeps its world size as CPU-only workers whose compute waits its modelled duration, and
         the spot pool follows the raylets that replay the recipe's trace (`startup.emulated_spot`;
-        the launcher starts them). Returns the `runtime.emulated.Emulation` the workers run."""
+        the launcher starts them). Returns the `runtime.emulated.Emulation` the workers run. It
+        edits the pipeline's config in place, as `plan_resources` does (ROLL's pipelines own theirs),
+        after `check_startup` checked the recipe as written."""
         from roll_spotlight.startup import emulated_spot, emulation_for
 
         for role in STATIC_ROLES:
