@@ -142,6 +142,7 @@ def launch(cfg) -> int:
             pipeline.start_spot()
         nodes.start()
         pipeline.run()
+        nodes.write_stats(Path(cfg.output_dir) / cfg.exp_name)
     print(write_report(Path(cfg.output_dir) / cfg.exp_name))
     return 0
 

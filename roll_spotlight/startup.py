@@ -292,7 +292,9 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
             if placement.emulate is not None:
                 write_emulation(cfg, placement, source, run_dir, placement.workers)  # the trainer is colocated
             nodes.start()
-            return run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
+            result = run_loop(cfg, backend, run_dir, progress=progress, resume=resume)
+            nodes.write_stats(run_dir)
+            return result
         finally:
             backend.close()
 
@@ -378,4 +380,7 @@ class _NoNodes:
         pass
 
     def start(self) -> None:
+        pass
+
+    def write_stats(self, run_dir: Path) -> None:
         pass

@@ -181,3 +181,5 @@ def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, 
     assert 0 < shares["compute"] <= 1 and shares["idle"] >= 0
     assert sum(v for k, v in shares.items() if k != "idle") <= 1.05
     assert fig["counters"]["spot/preemptions"] == 1 and fig["counters"]["mismatched_outputs"] == 0
+    # and what the trace did to the raylets: the one node killed at its deadline, after its notice
+    assert (fig["counters"]["raylets_killed_after_notice"], fig["counters"]["raylets_killed_without_notice"]) == (1, 0)

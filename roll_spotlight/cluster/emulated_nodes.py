@@ -4,9 +4,11 @@ and the check that this machine can hold the emulated GPUs at all.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 from roll_spotlight.cluster.local_cluster import (HEAD_MB, NODE_BASE_MB, ClusterTraceDriver, LocalCluster,
                                                   LocalClusterConfig, available_memory_mb)
@@ -117,6 +119,13 @@ class TraceRaylets:
         self.driver.epoch0 = time.time()
         self._thread = threading.Thread(target=self._follow, name="trace-raylets", daemon=True)
         self._thread.start()
+
+    def write_stats(self, run_dir: Path) -> None:
+        """What the trace did to the raylets during the run, as ``spot_nodes.json`` in the run
+        directory: joins, notices, and kills after a notice or without one. The run's own
+        ``spot/preemptions`` counts a node when the GCS has declared it dead (health checks, 9 s of
+        wall time after the kill), so a kill near a run's end shows here before it shows there."""
+        (Path(run_dir) / "spot_nodes.json").write_text(json.dumps(asdict(self.driver.stats), indent=1))
 
     def _follow(self) -> None:
         while not self._stop.wait(self.POLL_S):

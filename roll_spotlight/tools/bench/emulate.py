@@ -211,6 +211,11 @@ def figures(run_dir: Path, row: Row, system: str) -> dict:
     counters = {k: last.get(k, 0.0) for k in ("spot/preemptions", "spot/notices", "spot/commits", "spot/regroups",
                                               "spot/leases_requeued", "spot/duplicate_completions",
                                               "spot/requests_failed", "spot/steps_lost")}
+    raylets = run_dir / "spot_nodes.json"  # what the trace did to the raylets (emulated spot rows)
+    if raylets.is_file():
+        stats = json.loads(raylets.read_text())
+        counters["raylets_killed_after_notice"] = stats["kills_after_notice"]
+        counters["raylets_killed_without_notice"] = stats["kills_without_notice"]
     counters["mismatched_outputs"] = sum(r.get("emulated/mismatched_outputs", 0.0) for r in its)
     counters["micro_batches_refused"] = sum(r.get("train/reports_refused", 0.0) for r in its)
     return {"time_per_iteration_s": per_it, "cost_per_iteration_usd": cost,
