@@ -41,7 +41,7 @@ class FakeLauncher:
         return died
 
     def advance(self):
-        pass
+        return 0
 
     def stop_all(self):
         self.calls.append(("stop_all",))
@@ -284,27 +284,39 @@ def test_kill_without_notice_loses_at_most_commit_every_steps(executors, step):
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
 
 
+class _Groups:
+    """`ElasticGroups` as the launcher sees it: records notices and regroups; a regroup that
+    loses members hands back one lease per lost node (their broken groups')."""
+
+    def __init__(self, members):
+        self.workers, self.calls, self.requeued = dict.fromkeys(members), [], 0
+
+    def notice(self, members, seconds_left):
+        self.calls.append(("notice", sorted(members)))
+
+    def regroup(self, lost=(), newcomers=None):
+        self.calls.append(("regroup", sorted(lost), dict(newcomers or {})))
+        self.requeued += len({node for node, _ in lost})
+        for member in lost:
+            del self.workers[member]
+
+
+def _elastic_launcher(nodes=("a", "b", "c")):
+    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+
+    launcher = RayWorkerLauncher("unused", None, None, gpus_per_node=2, elastic=object())
+    for node in nodes:
+        launcher.nodes[f"spot-{node}"] = [f"spot-{node}", f"spot-{node}/g1"]
+        launcher.members |= {f"spot-{node}": (node, 0), f"spot-{node}/g1": (node, 1)}
+    launcher.groups = _Groups(launcher.members.values())
+    return launcher
+
+
 def test_notices_of_one_poll_re_form_the_survivors_once_without_any_noticed_node():
     """Two elastic nodes noticed in the same poll: both groups are told at once, and the one
     regroup at the end of the poll drops every noticed member (a regroup per notice would plan
     the second noticed node into a new group, whose members then wait out its rendezvous)."""
-    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
-
-    class Groups:
-        def __init__(self, members):
-            self.workers, self.calls = dict.fromkeys(members), []
-
-        def notice(self, members, seconds_left):
-            self.calls.append(("notice", sorted(members)))
-
-        def regroup(self, lost=(), newcomers=None):
-            self.calls.append(("regroup", sorted(lost), dict(newcomers or {})))
-
-    launcher = RayWorkerLauncher("unused", None, None, gpus_per_node=2, elastic=object())
-    for node in ("a", "b", "c"):
-        launcher.nodes[f"spot-{node}"] = [f"spot-{node}", f"spot-{node}/g1"]
-        launcher.members |= {f"spot-{node}": (node, 0), f"spot-{node}/g1": (node, 1)}
-    launcher.groups = Groups(launcher.members.values())
+    launcher = _elastic_launcher()
     launcher.notify("spot-a", 5.0)
     launcher.notify("spot-b", 5.0)
     assert launcher.groups.calls == [("notice", [("a", 0), ("a", 1)]), ("notice", [("b", 0), ("b", 1)])]
@@ -312,3 +324,20 @@ def test_notices_of_one_poll_re_form_the_survivors_once_without_any_noticed_node
     assert launcher.groups.calls[2:] == [("regroup", [("a", 0), ("a", 1), ("b", 0), ("b", 1)], {})]
     launcher.advance()
     assert len(launcher.groups.calls) == 3, "nothing new: no regroup"
+
+
+def test_nodes_lost_in_one_poll_leave_in_one_regroup_that_reports_their_requeued_leases():
+    """Two nodes whose workers died on their own and one killed at its NODE_DOWN, all in one
+    poll (no notice: naive spot): nothing regroups until the poll's end, then one regroup drops
+    all three (a regroup per loss planned a dead node's members into a new group, and the
+    survivors waited out its rendezvous), and ``advance`` returns the leases it handed back."""
+    launcher = _elastic_launcher(("a", "b", "c", "d"))
+    assert (launcher.requeue("spot-a"), launcher.requeue("spot-b")) == (0, 0), "counted by the regroup"
+    launcher._lose("spot-c")  # what `kill` does after ending the node's actors
+    launcher._lose("spot-c")  # and its `requeue` again: the members are dropped once
+    assert launcher.groups.calls == []
+    assert launcher.advance() == 3
+    lost = [(n, g) for n in "abc" for g in (0, 1)]
+    assert launcher.groups.calls == [("regroup", lost, {})]
+    assert sorted(launcher.groups.workers) == [("d", 0), ("d", 1)]
+    assert launcher.advance() == 0 and len(launcher.groups.calls) == 1

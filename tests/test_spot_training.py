@@ -106,7 +106,7 @@ class FakeLauncher:
         return []
 
     def advance(self):
-        pass
+        return 0
 
     def stop_all(self):
         self.calls.append(("stop_all",))

@@ -59,11 +59,11 @@ class RayWorkerLauncher:
       across nodes as its planner says. A node's workers join once all of them loaded their policy
       (:meth:`advance`, called by the pool on every poll, so a slow load never blocks the pool);
       a notice makes their groups commit at once, and the survivors re-form at the end of the
-      poll, in one regroup with every other notice and arrival of that poll (re-forming after
-      each notice would plan the next noticed node of the same poll into a new group, whose
-      members then wait out the rendezvous timeout for it);
-      a kill without notice, or a member's own death, breaks its groups, whose leases the regroup
-      hands back to the queue. ``regroups`` lists every `RegroupReport`.
+      poll, in one regroup with every other notice, loss and arrival of that poll (re-forming
+      after each would plan the next lost node of the same poll into a new group, whose members
+      then wait out the rendezvous timeout for it);
+      a kill without notice, or a member's own death, breaks its groups, whose leases that
+      regroup hands back to the queue. ``regroups`` lists every `RegroupReport`.
     """
 
     def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
@@ -90,8 +90,7 @@ class RayWorkerLauncher:
         self._serving: dict[str, object] = {}  # worker name -> ObjectRef of its solo serve()
         self._ready: dict[str, object] = {}  # worker name -> ObjectRef resolved once __init__ ran
         self._pending: list[str] = []  # elastic nodes started but not yet in a group
-        self._leaving: list[tuple[str, int]] = []  # noticed members the next regroup drops
-        self._requeued: dict[str, int] = {}  # pool name -> leases its loss handed back
+        self._leaving: list[tuple[str, int]] = []  # noticed or lost members the next regroup drops
         self.finished: dict[str, dict] = {}  # worker name -> counters of a serve() that returned
         self.timelines: dict[str, list[dict]] = {}  # worker name -> phases of a worker that is gone
 
@@ -125,15 +124,20 @@ class RayWorkerLauncher:
         if self.elastic:
             self._pending.append(name)
 
-    def advance(self) -> None:
-        """One regroup for the poll: drop the members noticed since the last one and admit every
-        started node whose workers have all loaded their policy; nothing to do without elastic SP."""
+    def advance(self) -> int:
+        """One regroup for the poll: drop the members noticed or lost since the last one and admit
+        every started node whose workers have all loaded their policy; returns the leases of the
+        groups it found broken, handed back to the queue. Nothing to do without elastic SP."""
         ready = [name for name in self._pending if all(self._started(w) for w in self.nodes[name])]
         leaving, self._leaving = self._leaving, []
-        if ready or leaving:
-            self._pending = [n for n in self._pending if n not in ready]
-            newcomers = {self.members[w]: self.workers[w] for n in ready for w in self.nodes[n]}
-            self._elastic_groups().regroup(lost=leaving, newcomers=newcomers)
+        if not (ready or leaving):
+            return 0
+        self._pending = [n for n in self._pending if n not in ready]
+        newcomers = {self.members[w]: self.workers[w] for n in ready for w in self.nodes[n]}
+        groups = self._elastic_groups()
+        before = groups.requeued
+        groups.regroup(lost=leaving, newcomers=newcomers)
+        return groups.requeued - before
 
     def _elastic_groups(self):
         if self.groups is None:
@@ -185,7 +189,7 @@ class RayWorkerLauncher:
         lost = self._grouped(name)
         if lost:
             self.groups.notice(lost, seconds_left)  # their groups commit after the step in hand
-            self._leaving += lost  # and the survivors re-form in this poll's `advance`
+            self._lose(name)  # and the survivors re-form in this poll's `advance`
 
     def kill(self, name: str) -> int:
         import ray
@@ -203,14 +207,12 @@ class RayWorkerLauncher:
         return unsaved
 
     def _lose(self, name: str) -> None:
-        """Elastic SP: the node's members leave the groups; a group it broke hands its lease back."""
+        """Elastic SP: the node's members leave the groups in this poll's regroup (`advance`),
+        which hands the lease of a group they broke back to the queue."""
         if name in self._pending:
             self._pending.remove(name)
         lost = self._grouped(name) if self.elastic else []
-        if lost:
-            before = self.groups.requeued
-            self.groups.regroup(lost=lost)
-            self._requeued[name] = self._requeued.get(name, 0) + self.groups.requeued - before
+        self._leaving += [m for m in lost if m not in self._leaving]
 
     def _started(self, worker: str) -> bool:
         """Has the worker finished loading (and warming up)?"""
@@ -257,13 +259,13 @@ class RayWorkerLauncher:
         self.timelines[name] = events + [{"worker": name, "phase": end, "start": now, "end": now}]
 
     def requeue(self, name: str) -> int:
-        """Leases the node's loss handed back to the queue: its workers' own (solo), or those of
-        the groups it broke (elastic; the regroup of its loss requeued them)."""
+        """Leases the node's loss handed back to the queue now: its workers' own (solo); elastic,
+        none here: the poll's regroup (`advance`) hands back those of the groups it broke."""
         import ray
 
         if self.elastic:
             self._lose(name)  # a node whose actor died on its own is lost here
-            return self._requeued.pop(name, 0)
+            return 0
         return sum(int(ray.get(self.queue.worker_lost.remote(w))) for w in self.nodes[name])
 
     def dead(self) -> list[str]:

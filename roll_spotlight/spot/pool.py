@@ -135,7 +135,7 @@ class WorkerLauncher(Protocol):
     def kill(self, name: str) -> int: ...  # steps the worker had not handed to the queue
     def requeue(self, name: str) -> int: ...  # queue.worker_lost(name): leases returned
     def dead(self) -> list[str]: ...  # workers whose actor died on its own since the last call
-    def advance(self) -> None: ...  # work due on every poll (elastic SP: admit nodes that loaded)
+    def advance(self) -> int: ...  # work due on every poll (elastic SP: one regroup); leases requeued
     def stop_all(self) -> None: ...
 
 
@@ -190,13 +190,13 @@ class ElasticSpotPool:
 
     def poll(self, now: float) -> list[MarketEvent]:
         """Handle actor deaths, apply every event due by ``now``, then let the launcher advance
-        (admit started nodes); returns the events."""
+        (elastic SP: drop the lost, admit started nodes); returns the events."""
         for worker in self.launcher.dead():
             self._actor_died(worker, now)
         events = self.source.due(now)
         for event in events:
             self.apply(event, now)
-        self.launcher.advance()
+        self.stats.leases_requeued += self.launcher.advance()
         return events
 
     def apply(self, event: MarketEvent, now: float) -> None:
