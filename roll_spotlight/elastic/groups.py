@@ -25,8 +25,9 @@ Member lifecycle (the table holds ACTIVE members only):
     add / regroup(newcomers=...) --> ACTIVE --notice()--> (group commits) --regroup(lost=...)--> gone
 
 A member that dies without a notice breaks its group: the survivors' collectives fail (at once
-when the process died, after ``timeout_s`` when its node vanished), their `serve()` raises, and
-the regroup hands the group's lease back to the queue (`worker_lost`) before re-forming.
+when the process died, `runtime.sp_group`; after ``timeout_s`` when its host vanished without
+closing its connections), their `serve()` raises, and the regroup hands the group's lease back to
+the queue (`worker_lost`) before re-forming.
 """
 from __future__ import annotations
 

@@ -28,12 +28,16 @@ one image, so the ranks train data-parallel instead, with Ulysses off for the ba
 r+size, ... in rounds with a stop decision (all-reduce MAX) after each, and the ranks' gradient
 sums are sum-reduced onto the leader, which reports one sum for the leases that finished.
 
-Failure without notice: a member that dies blocks the others in the group's next collective until
-``timeout_s``; they then raise, and the leader's lease goes back to the queue when it expires.
+Failure without notice: a member that dies breaks the collectives of the ranks it talks to at
+once (its connections close), but gloo leaves a rank that raised with its own connections open,
+so ranks blocked on that one would wait out ``timeout_s``. A rank whose worker loop fails
+therefore drops its process group at once (`SPRolloutGroup.abandon`), and the failure runs
+through the group in milliseconds; the regroup then hands the group's lease back to the queue.
 """
 from __future__ import annotations
 
 import json
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -173,6 +177,14 @@ class SPRolloutGroup:
     def close(self) -> None:
         """Leave: the policy runs unsharded again (the process group is dropped with this object)."""
         self._ulysses(False)
+
+    def abandon(self, err: BaseException) -> None:
+        """After ``err`` ended this rank's worker loop: drop the process group now, so its connections
+        close and the members blocked on this rank fail at once (see the module docstring).
+        The frames of ``err``'s traceback hold the group too; their locals are cleared."""
+        traceback.clear_frames(err.__traceback__)
+        self._ulysses(False)  # Ulysses' hooks hold the group
+        self.group = self._store = None
 
 
 

@@ -120,9 +120,19 @@ class WorkerLoop:
 
     def run(self, idle: Callable[[], bool] = lambda: False, group=None) -> dict:
         """Lease and run until a signal ends the loop, or a pull leases nothing and ``idle()`` is
-        True (a drain; it must answer alike on every rank of ``group``). Returns the counters."""
+        True (a drain; it must answer alike on every rank of ``group``). Returns the counters.
+        A failure in a group (a member died) abandons the group on the way out, so that every
+        other rank fails at once too (`runtime.sp_group`)."""
         self.signals.begin()
         self.group = group
+        try:
+            return self._serve(idle)
+        except Exception as err:
+            if group is not None:
+                group.abandon(err)
+            raise
+
+    def _serve(self, idle: Callable[[], bool]) -> dict:
         done, wait = [], POLL_MIN_S
         while not self._any(self.signals.ending()):
             leases = self._lead(lambda: self._lease(done))
