@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, force=True,  # `spotlight` set one
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = EmulateBenchConfig(gpu=args.gpu, iterations=args.iterations, rows=tuple(args.rows),
