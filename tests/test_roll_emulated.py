@@ -47,6 +47,8 @@ def test_an_emulated_roll_run_follows_a_spot_raylet_through_notice_and_kill(tmp_
     assert sum(r["train/micro_batches_spot"] for r in steps) > 0
     assert last["spot/duplicate_completions"] == 0 and last["spot/requests_failed"] == 0
     assert last["cost/bill_scale"] == 4.0 and last["cost/usd"] > 0
+    raylets = json.loads((run / "spot_nodes.json").read_text())
+    assert (raylets["joins"], raylets["kills_after_notice"], raylets["kills_without_notice"]) == (1, 1, 0), raylets
     report = (run / "report.md").read_text()
     assert "EMULATED: a dry run on H100" in report and "Memory plan on one H100" in report
 

@@ -569,19 +569,23 @@ def _emulated_section(result) -> str:
              "model's duration divided by the row's time-scale; times are scaled back. Per iteration: iterations "
              f"2..{emu['iterations']} (the first loads weights), on both sides. The window is the first in which "
              "the spot fleet is full and then loses a node after its notice; the simulator ran the same shape, "
-             "window and seed.",
+             "window and seed. Preemptions: nodes the run saw go; in brackets, raylets the trace killed during "
+             "the run (a run sees a kill once Ray's health checks declared the node dead, 9 s of wall time later).",
              "", "| row | system | time-scale | EMULATED s/it | SIMULATED s/it | ratio | EMULATED $/it | SIMULATED $/it "
-             "| preemptions | regroups | lost / duplicated / mismatched | compute / queue / fetch+publish / idle |",
+             "| preemptions (raylets killed) | regroups | lost / duplicated / mismatched "
+             "| compute / queue / fetch+publish / idle |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in emu["rows"]:
         e, c = r["emulated"], r["emulated"]["counters"]
         sh = e["control_plane"]["shares"]
         fetch = sh.get("weight fetches", 0.0) + sh.get("publish", 0.0)
         lost = f"{c['spot/requests_failed']:g} / {c['spot/duplicate_completions']:g} / {c['mismatched_outputs']:g}"
+        killed = c.get("raylets_killed_after_notice", 0) + c.get("raylets_killed_without_notice", 0)
+        preempted = f"{c['spot/preemptions']:g}" + (f" ({killed:g})" if "raylets_killed_after_notice" in c else "")
         lines.append(f"| {r['row']['name']} | {r['system']} | {r['row']['time_scale']:g} | "
                      f"{e['time_per_iteration_s']:.1f} | {_steady_sim_s(r):.1f} | {r['ratio']:.2f} | "
                      f"{e['cost_per_iteration_usd']:.2f} | {r['simulated']['cost_per_iteration_usd']:.2f} | "
-                     f"{c['spot/preemptions']:g} | {c['spot/regroups']:g} | {lost} | "
+                     f"{preempted} | {c['spot/regroups']:g} | {lost} | "
                      f"{sh.get('compute', 0):.0%} / {sh.get('queue calls', 0):.0%} / {fetch:.0%} / {sh.get('idle', 0):.0%} |")
     return "\n".join(lines + ["", *_emulated_targets(emu)])
 
