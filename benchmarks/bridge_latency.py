@@ -43,7 +43,7 @@ def measure(provider: str, repeats: int, watch_s: float, timeout_s: float, rng: 
 
     from roll_spotlight.cluster.local_cluster import LocalCluster, LocalClusterConfig
     from roll_spotlight.config.run import SPOT_RESOURCE
-    from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, has_spot_resource
+    from roll_spotlight.spot_pool.ray_nodes import RayNodeWatcher, has_spot_resource
     from roll_spotlight.spot.market import EventKind
     from roll_spotlight.spot.notices import ProviderConfig
 

@@ -1,4 +1,4 @@
-"""SP rollout groups (runtime.sp_group): what a Flow-GRPO rollout costs and returns at SP 1, 2, 4.
+"""SP rollout groups (worker.sp_group): what a Flow-GRPO rollout costs and returns at SP 1, 2, 4.
 
 Each degree runs in its own set of processes (one per rank, gloo over a file store on loopback,
 one torch thread each): every rank loads the same policy, joins its group, and the group denoises
@@ -67,9 +67,9 @@ def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: 
     import torch
 
     from roll_spotlight.elastic.rendezvous import SPMembership
-    from roll_spotlight.runtime.executor import RolloutExecutor
-    from roll_spotlight.runtime.policy_source import load_policy
-    from roll_spotlight.runtime.sp_group import SPRolloutGroup
+    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.policy_source import load_policy
+    from roll_spotlight.worker.sp_group import SPRolloutGroup
 
     torch.set_num_threads(1)
     policy = load_policy(policy_file)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from roll_spotlight.models import build_policy, save_policy
-    from roll_spotlight.runtime.sp_group import check_sp_degree
+    from roll_spotlight.worker.sp_group import check_sp_degree
     from roll_spotlight.training.prompt_pools import task_vocab
 
     args = parse_args(argv)

@@ -13,7 +13,7 @@ stderr naming the key and the recipe file, and exit status 2; ``--debug`` shows 
 
 ``--emulate GPU --time-scale S`` is a dry run of the recipe on emulated GPUs, as ``spotlight train
 --emulate``: every role keeps its ranks, as CPU-only ROLL workers whose compute waits the cost
-model's duration on that GPU divided by S (`runtime.emulated`), and the spot nodes are raylets of a
+model's duration on that GPU divided by S (`worker.emulated`), and the spot nodes are raylets of a
 local cluster that the recipe's trace (``spot.source: market``) starts, notices and kills. That
 cluster is started before ROLL's ``init()``, which joins it (``RAY_ADDRESS``) and so neither starts
 nor stops a Ray cluster; its spot nodes join once ROLL placed the on-demand workers on the head.

@@ -45,7 +45,7 @@ class WorkerPlacement:
     `address` joins an existing Ray cluster (None: a local one); `workers` on-demand rollout
     workers in SP groups of `sp_degree`. A run with spot workers always runs on Ray. `emulate`
     names a GPU type (`sim.gpus`): every worker's compute waits its calibrated duration on that
-    GPU, divided by `time_scale`, instead of running the model (`runtime.emulated`); spot nodes
+    GPU, divided by `time_scale`, instead of running the model (`worker.emulated`); spot nodes
     are then raylets of a local cluster that the spot trace starts, drains and kills.
     `host_workers`: the emulated run's on-demand processes when they are not the trainer and
     `workers` emulated worker actors (a ROLL host's: every role's ranks, `HostWorkers`).
@@ -98,7 +98,7 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
                               "set spot.training_phase: explore, or a smaller train.micro_batch_size")
         check_memory_plan(plan)
     if placement.sp_degree != 1:
-        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
+        from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
         if not placement.on_ray(cfg):
             raise ValueError(f"--sp-degree {placement.sp_degree}: SP rollout groups need Ray workers (add --ray)")
@@ -129,7 +129,7 @@ def check_emulation(cfg, placement: WorkerPlacement) -> None:
     """`--emulate GPU`, `--time-scale`: a known GPU, a time-scale > 0, a memory plan that fits the
     emulated GPU, and no more emulated GPUs than this machine holds. Errors name the option."""
     from roll_spotlight.models.memory_plan import fit_errors
-    from roll_spotlight.cluster.emulated_nodes import check_capacity, emulated_gpus
+    from roll_spotlight.spot_pool.emulated_nodes import check_capacity, emulated_gpus
     from roll_spotlight.sim.gpus import gpu_spec
 
     try:
@@ -221,9 +221,9 @@ def check_prompt_files(cfg) -> None:
 
 def starting_policy(cfg, *, progress: bool = True):
     """(policy, source): what a run starts from, and what its Ray workers load for it
-    (`roll_spotlight.runtime.policy_source`): the cached tiny base (pretrained first when missing) and its
+    (`roll_spotlight.worker.policy_source`): the cached tiny base (pretrained first when missing) and its
     checkpoint path, or the real model loaded from `model.path` and its model section."""
-    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.worker.policy_source import policy_setup, policy_source, prepare_policy
 
     setup = policy_setup(cfg)  # LoRA, guidance, attention backend: after any pretraining
     if cfg.model.preset == "tiny":
@@ -323,10 +323,10 @@ def emulated_spot(spot):
 
 
 def emulation_for(cfg, gpu: str, time_scale: float):
-    """The `runtime.emulated.Emulation` of ``cfg`` on ``gpu`` GPUs at ``time_scale``; a weight
+    """The `worker.emulated.Emulation` of ``cfg`` on ``gpu`` GPUs at ``time_scale``; a weight
     version is as large as the run's trained parameters (the LoRA adapters) in fp32."""
     from roll_spotlight.models import memory_plan as mp
-    from roll_spotlight.runtime.emulated import emulation_of
+    from roll_spotlight.worker.emulated import emulation_of
 
     lora = cfg.train.lora
     config = None if cfg.model.preset != "tiny" else cfg.model.tiny_transformer()
@@ -357,11 +357,11 @@ def write_emulation(cfg, placement: WorkerPlacement, emulation, run_dir: Path, o
 
 
 def spot_nodes(cfg, placement: WorkerPlacement):
-    """An emulated run's spot raylets (`cluster.emulated_nodes.TraceRaylets`), else nothing to start:
+    """An emulated run's spot raylets (`spot_pool.emulated_nodes.TraceRaylets`), else nothing to start:
     the run joins `placement.address` (or a local Ray)."""
     if placement.emulate is None or not cfg.spot.enabled:
         return _NoNodes(placement.address)
-    from roll_spotlight.cluster.emulated_nodes import TraceRaylets
+    from roll_spotlight.spot_pool.emulated_nodes import TraceRaylets
 
     return TraceRaylets(cfg.spot, ondemand_gpus=placement.workers + 1, time_scale=placement.time_scale)
 

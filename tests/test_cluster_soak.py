@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from roll_spotlight.spot import EventList, NodeEvent, Trace
-from roll_spotlight.runtime.faults import FaultPlan
+from roll_spotlight.worker.faults import FaultPlan
 from roll_spotlight.spot.market import MarketConfig, SpotMarket
 from roll_spotlight.tools.cluster_soak import DEFAULTS, check_machine, main, run_cluster_soak
 from roll_spotlight.cluster.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb

@@ -1,4 +1,4 @@
-"""Emulated GPUs (`runtime.emulated`): the live runtime with every compute phase waiting its
+"""Emulated GPUs (`worker.emulated`): the live runtime with every compute phase waiting its
 calibrated duration.
 
 Tier 1: stand-in rollouts commit and resume like real ones (a resume from the committed state ends
@@ -18,7 +18,7 @@ import pytest
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.config.strict import load_config
 from roll_spotlight.dispatch.requests import Lease, Request, RequestKind, RequestSpec, Schedule
-from roll_spotlight.runtime.emulated import EmulatedCompute, Emulation, mismatched, workload_of
+from roll_spotlight.worker.emulated import EmulatedCompute, Emulation, mismatched, workload_of
 from tests.runtime_helpers import REPO
 
 RECIPE = REPO / "configs" / "qwen_image_ocr_512.yaml"
@@ -140,7 +140,7 @@ def test_bad_emulation_input_is_one_line_exit_2_before_anything_starts(prompts, 
 def test_capacity_counts_each_worker_process_at_its_host_size():
     """A ROLL host's workers are larger processes than the runtime's actors: the same count that
     fits as actors may not fit as ROLL workers, and the error says how many spot nodes would."""
-    from roll_spotlight.cluster.emulated_nodes import (EMULATED_WORKER_MB, HEAD_MB, NODE_BASE_MB, ROLL_WORKER_MB,
+    from roll_spotlight.spot_pool.emulated_nodes import (EMULATED_WORKER_MB, HEAD_MB, NODE_BASE_MB, ROLL_WORKER_MB,
                                                        check_capacity)
 
     available = HEAD_MB + 12 * EMULATED_WORKER_MB + 2 * (NODE_BASE_MB + EMULATED_WORKER_MB)

@@ -91,7 +91,7 @@ class FaultyBackend:
         return self.local.weight_version
 
     def _workers(self) -> list[_Worker]:
-        from roll_spotlight.runtime.executor import RolloutExecutor
+        from roll_spotlight.worker.engine import RolloutExecutor
 
         policy = self.local.core.policy
         names = ([] if self.calls in self.spot_gone else list(SPOT)) + [ONDEMAND]
@@ -117,7 +117,7 @@ class FaultyBackend:
         return [done[i].output for i in ids]
 
     def _run(self, worker: _Worker, lease) -> None:
-        from roll_spotlight.runtime.executor import Finished
+        from roll_spotlight.worker.engine import Finished
 
         rid = lease.request.request_id
         self.leases_seen[rid] = self.leases_seen.get(rid, 0) + 1
@@ -417,7 +417,7 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
 
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.dispatch.requests import Lease
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.prompt_pools import train_pool
 

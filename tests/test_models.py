@@ -420,7 +420,7 @@ def test_tiny_weight_version_is_the_whole_state(tiny):
 def test_policy_source_and_load_policy(qwen_dir, tmp_path):
     from roll_spotlight.config.strict import to_dict
     from roll_spotlight.models import QwenImagePolicy
-    from roll_spotlight.runtime.policy_source import load_policy, policy_source, worker_gpus
+    from roll_spotlight.worker.policy_source import load_policy, policy_source, worker_gpus
 
     cfg = ModelConfig(preset="qwen_image", path=str(qwen_dir), image_size=32)
     source = policy_source(cfg, None)

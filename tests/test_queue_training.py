@@ -8,7 +8,7 @@ micro-batch in plan order, and independent of the order in which sums arrive.
 
 Tier 1: the micro-batch plan, sums, combination and the config's start-up rules. Tier 3: a Ray
 update with a trainer, an on-demand and spot rollout workers, with a notice mid-sum and a kill
-without notice injected deterministically (`runtime.faults`).
+without notice injected deterministically (`worker.faults`).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def lora_config(*extra: str):
 def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
     """A real batch: rollouts of the config's first iteration by `policy`, rewarded by its reward."""
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.runtime.executor import RolloutExecutor, stack_outputs
+    from roll_spotlight.worker.engine import RolloutExecutor, stack_outputs
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.training.prompt_pools import train_pool
@@ -59,7 +59,7 @@ def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
 
 def trainer_and_work(cfg, seed: int = 0):
     from roll_spotlight.dispatch.requests import Schedule
-    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
+    from roll_spotlight.worker.policy_source import policy_setup, prepare_policy
 
     policy = prepare_policy(random_policy(cfg, seed), policy_setup(cfg))
     trainer = FlowGRPOTrainer(policy, cfg.train)
@@ -173,7 +173,7 @@ def ray_cluster():
 
 def _reference_step(cfg, work):
     """The one-trainer update of the same batch from the same weights: its adapters after the step."""
-    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
+    from roll_spotlight.worker.policy_source import policy_setup, prepare_policy
 
     policy = prepare_policy(random_policy(cfg), policy_setup(cfg))
     trainer = FlowGRPOTrainer(policy, cfg.train)
@@ -193,10 +193,10 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.runtime.actors import RolloutWorker
-    from roll_spotlight.runtime.compute import ModelCompute
-    from roll_spotlight.runtime.faults import FaultPlan
-    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.worker.actor import RolloutWorker
+    from roll_spotlight.worker.compute import ModelCompute
+    from roll_spotlight.worker.faults import FaultPlan
+    from roll_spotlight.worker.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.weights import WeightStore
 
@@ -254,9 +254,9 @@ def test_an_update_across_a_notice_a_kill_and_a_late_report_equals_the_one_train
 
 
 def test_the_training_split_counts_spot_and_on_demand_micro_batches_and_the_time_spot_saved():
-    """The one split both hosts report (`runtime.reports.split_training`): spot work is valued at
+    """The one split both hosts report (`runtime.update_report.split_training`): spot work is valued at
     the on-demand participants' measured rate (here 4/2 + 2/1 = 4 micro-batches/s)."""
-    from roll_spotlight.runtime.reports import split_training
+    from roll_spotlight.runtime.update_report import split_training
     from roll_spotlight.training.micro_batches import Contributions
 
     by_worker = {"trainer": (4, 2.0), "actor_infer-0": (2, 1.0), "spot-z/a": (3, 9.0), "gen0/spot/sp0": (3, 1.0)}

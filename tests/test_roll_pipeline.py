@@ -163,8 +163,8 @@ def local_ray():
 def _spot_pipeline_cls():
     """SpotlightPipeline whose pool replays a market of one spot node that joins at once and stays."""
     from roll_spotlight.roll import SpotlightPipeline
-    from roll_spotlight.runtime.policy_source import policy_setup, policy_source
-    from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool, training_market
+    from roll_spotlight.worker.policy_source import policy_setup, policy_source
+    from roll_spotlight.spot_pool.training_pool import spot_elastic, start_training_pool, training_market
     from roll_spotlight.spot import EventList, NodeEvent, Trace
 
     trace = Trace(name="one-node", kind="events", measures="running", provider="aws",
@@ -256,8 +256,8 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
     from roll_spotlight.models import load_tiny_policy
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.runtime.executor import RolloutExecutor
-    from roll_spotlight.runtime.policy_source import policy_setup, prepare_policy
+    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.policy_source import policy_setup, prepare_policy
     from roll_spotlight.runtime.trainer_core import TrainerCore
     from roll_spotlight.training.prompt_pools import train_pool
 

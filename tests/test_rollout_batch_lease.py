@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
-from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
+from roll_spotlight.worker.faults import FaultPlan  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -28,7 +28,7 @@ TIMEOUT_S = 60.0
 def cluster(tmp_path_factory):
     import torch
 
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
     from roll_spotlight.weights import WeightStore
 
@@ -55,7 +55,8 @@ def _queue(pull_batch: int):
 
 
 def _worker(cluster, queue, name: str, **kwargs):
-    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+    from roll_spotlight.runtime.actors import ONDEMAND
+    from roll_spotlight.worker.actor import RolloutWorker
 
     return RolloutWorker.options(resources={ONDEMAND: 1}).remote(name, cluster["path"], queue, cluster["store"],
                                                                    **kwargs)

@@ -18,7 +18,7 @@ def _rank(rank: int, size: int, address, results, release) -> None:
     import torch
 
     from roll_spotlight.elastic.rendezvous import SPMembership
-    from roll_spotlight.runtime.sp_group import SPRolloutGroup
+    from roll_spotlight.worker.sp_group import SPRolloutGroup
 
     try:
         torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""SP rollout groups in the iteration loop (runtime.sp_group): several rollout workers denoise one
+"""SP rollout groups in the iteration loop (worker.sp_group): several rollout workers denoise one
 image with Ulysses SP, serve the queue as one worker, and commit together on any member's notice.
 
 Tier 1 runs the group's ranks as threads of this process (gloo over a file store); tier 3 runs
@@ -19,9 +19,9 @@ from roll_spotlight.dispatch.requests import Lease, Request
 from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process_group
 from roll_spotlight.elastic.rendezvous import RendezvousHost, SPMembership, group_memberships
 from roll_spotlight.elastic.ulysses import is_ulysses_applied
-from roll_spotlight.runtime.executor import Committed, Finished, RolloutExecutor
-from roll_spotlight.runtime.faults import FaultPlan
-from roll_spotlight.runtime.sp_group import SPRolloutGroup, check_sp_degree
+from roll_spotlight.worker.engine import Committed, Finished, RolloutExecutor
+from roll_spotlight.worker.faults import FaultPlan
+from roll_spotlight.worker.sp_group import SPRolloutGroup, check_sp_degree
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
 
 pytestmark = pytest.mark.dist
@@ -221,7 +221,8 @@ def _store_and_queue(cfg, lease_s: float = 60.0):
 def _group_actors(path, queue, store, host, name: str, size: int, hold_rank: int) -> list:
     """``size`` RolloutWorker actors ``name-r`` forming one group known to the queue as ``name-0``;
     rank ``hold_rank`` parks after step 3."""
-    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+    from roll_spotlight.runtime.actors import ONDEMAND
+    from roll_spotlight.worker.actor import RolloutWorker
 
     members = group_memberships(host.address, f"{name}#1", size, timeout_s=60)
     return [RolloutWorker.options(resources={ONDEMAND: 1}).remote(
@@ -254,7 +255,8 @@ def _wait_for_completion(ray, queue, tick=lambda: None, timeout_s: float = 60.0)
 
 @pytest.mark.ray
 def test_a_notice_to_a_follower_actor_commits_the_lease_and_another_worker_resumes_it(cfg, ray_cluster, reference):
-    from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+    from roll_spotlight.runtime.actors import ONDEMAND
+    from roll_spotlight.worker.actor import RolloutWorker
 
     ray, path = ray_cluster
     store, queue = _store_and_queue(cfg)
@@ -281,12 +283,13 @@ def _spot_pool(cfg, path, queue, store, rows, *, degree: int, hold: dict[str, in
                min_degree: int = 1, inbox=None, hold_kind: str = "hold_at_step", timeout_s: float = 60.0):
     """An elastic spot pool of 2-GPU nodes (`rows`: the trace) whose workers form SP groups of up
     to ``degree``; ``hold`` parks a node's workers after that step (node id -> step; ``hold_kind``
-    "hold_at_micro_batch": after that many training rounds, `runtime.faults`); ``inbox``: queue
+    "hold_at_micro_batch": after that many training rounds, `worker.faults`); ``inbox``: queue
     training."""
-    from roll_spotlight.runtime.spot_pool import elastic_groups_config
-    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+    from roll_spotlight.spot_pool.training_pool import elastic_groups_config
+    from roll_spotlight.spot_pool.ray_nodes import RayWorkerLauncher
     from roll_spotlight.spot import EventList, MarketConfig, SpotMarket, Trace
-    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
+    from roll_spotlight.spot_pool.pool import ElasticSpotPool, SpotPoolConfig
+    from roll_spotlight.spot.market import MarketSchedule
 
     trace = Trace(name="nodes", kind="events", measures="running", provider="aws",
                   zones={"z": EventList(tuple(rows), 0.0, 200.0)}, gpu_type="V100")
@@ -316,7 +319,7 @@ def test_spot_nodes_form_groups_and_a_notice_regroups_the_survivors_4_2_4(cfg, r
     at step 4), which finishes the lease: the output equals the uninterrupted single-worker run
     bit for bit (CPU)."""
     from roll_spotlight.elastic.transfer import TransferSource
-    from roll_spotlight.runtime.spot_pool import regroup_metrics
+    from roll_spotlight.spot_pool.training_pool import regroup_metrics
     from roll_spotlight.spot import NodeEvent
 
     ray, path = ray_cluster
@@ -457,7 +460,8 @@ def test_an_elastic_group_losing_a_node_mid_rollout_goes_4_2_4_and_ends_bit_iden
     back to 4, which finishes the rollout. The output equals the single-worker run bit for bit."""
     from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
     from roll_spotlight.elastic.transfer import TransferSource
-    from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
+    from roll_spotlight.runtime.actors import ONDEMAND, SPOT
+    from roll_spotlight.worker.actor import RolloutWorker
 
     ray, path = ray_cluster
     store, queue = _store_and_queue(cfg)
@@ -515,7 +519,7 @@ def test_a_group_trains_its_leases_data_parallel_and_the_leader_holds_the_group_
     and the leader's sum covers exactly that round's two micro-batches."""
     import copy
 
-    from roll_spotlight.runtime.compute import group_sum, trained_parameters
+    from roll_spotlight.worker.compute import group_sum, trained_parameters
     from roll_spotlight.training.grpo import GRPOLoss, trainable_parameters
     from roll_spotlight.training.micro_batches import compute_sum
     from tests.test_queue_training import ATOL, RTOL, lora_config, named_trained, trainer_and_work
@@ -563,9 +567,10 @@ def test_a_group_of_workers_trains_an_update_across_a_notice_like_one_trainer(ra
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RolloutWorker
-    from roll_spotlight.runtime.compute import ModelCompute
-    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.runtime.actors import ONDEMAND, SPOT
+    from roll_spotlight.worker.actor import RolloutWorker
+    from roll_spotlight.worker.compute import ModelCompute
+    from roll_spotlight.worker.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.training.grpo import FlowGRPOTrainer
     from roll_spotlight.weights import WeightStore
@@ -626,8 +631,8 @@ def test_a_member_killed_without_notice_mid_sum_breaks_the_group_and_nothing_is_
     from roll_spotlight.dispatch import QueueConfig
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import save_policy
-    from roll_spotlight.runtime.compute import ModelCompute
-    from roll_spotlight.runtime.policy_source import policy_setup, policy_source, prepare_policy
+    from roll_spotlight.worker.compute import ModelCompute
+    from roll_spotlight.worker.policy_source import policy_setup, policy_source, prepare_policy
     from roll_spotlight.runtime.queue_training import QueueTraining, create_inbox
     from roll_spotlight.spot import NodeEvent
     from roll_spotlight.training.grpo import FlowGRPOTrainer

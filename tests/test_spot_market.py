@@ -332,7 +332,7 @@ def test_instances_model_on_a_shipped_group_trace_preempts_a_capped_pool(shipped
 
 def test_run_config_count_model_reaches_the_training_market():
     from roll_spotlight.config.run import SpotConfig
-    from roll_spotlight.runtime.spot_pool import training_market
+    from roll_spotlight.spot_pool.training_pool import training_market
 
     trace = _series_trace({"z": [55, 50, 55]})
     assert SpotConfig().count_model == "instances"

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestQueue, RequestSpec, Schedule
-from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, diff_nodes, is_spot_node
-from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, NodeState, SpotPoolConfig
+from roll_spotlight.spot_pool.ray_nodes import RayNodeWatcher, diff_nodes, is_spot_node
+from roll_spotlight.spot_pool.pool import ElasticSpotPool, NodeState, SpotPoolConfig
+from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, MarketEvent, NodeEvent, SpotMarket, Trace
 from roll_spotlight.spot.prices import default_prices
 
@@ -231,7 +232,7 @@ class Killed(Exception):
 def executors():
     import torch
 
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from tests.runtime_helpers import random_policy, tiny_config
 
     torch.set_num_threads(1)
@@ -302,7 +303,7 @@ class _Groups:
 
 
 def _elastic_launcher(nodes=("a", "b", "c")):
-    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
+    from roll_spotlight.spot_pool.ray_nodes import RayWorkerLauncher
 
     launcher = RayWorkerLauncher("unused", None, None, gpus_per_node=2, elastic=object())
     for node in nodes:

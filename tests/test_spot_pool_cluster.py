@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.config.run import SpotConfig  # noqa: E402
-from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
+from roll_spotlight.worker.faults import FaultPlan  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -46,7 +46,7 @@ def test_cluster_pool_follows_the_spot_node_and_its_drain_is_the_notice(spot_hea
     from ray.core.generated import autoscaler_pb2
 
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
-    from roll_spotlight.runtime.spot_pool import start_training_pool
+    from roll_spotlight.spot_pool.training_pool import start_training_pool
     from roll_spotlight.weights import WeightStore
 
     cfg = tiny_config()

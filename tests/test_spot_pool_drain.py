@@ -11,7 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from roll_spotlight.runtime.spot_nodes import RayNodeWatcher  # noqa: E402
+from roll_spotlight.spot_pool.ray_nodes import RayNodeWatcher  # noqa: E402
 from roll_spotlight.spot import EventKind  # noqa: E402
 
 pytestmark = pytest.mark.ray

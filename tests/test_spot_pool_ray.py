@@ -12,9 +12,10 @@ ray = pytest.importorskip("ray")
 
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
-from roll_spotlight.runtime.faults import FaultPlan  # noqa: E402
-from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher  # noqa: E402
-from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig  # noqa: E402
+from roll_spotlight.worker.faults import FaultPlan  # noqa: E402
+from roll_spotlight.spot_pool.ray_nodes import RayWorkerLauncher  # noqa: E402
+from roll_spotlight.spot_pool.pool import ElasticSpotPool, SpotPoolConfig# noqa: E402
+from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace  # noqa: E402
 from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
 
@@ -27,7 +28,7 @@ TIMEOUT_S = 60.0
 def cluster(tmp_path_factory):
     import torch
 
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
     from roll_spotlight.weights import WeightStore
 
@@ -123,7 +124,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     from roll_spotlight.config.strict import to_dict
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import ModelConfig, build_policy
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from roll_spotlight.weights import WeightStore
     from tests.qwen_helpers import save_tiny_qwen
 

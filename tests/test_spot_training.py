@@ -12,10 +12,11 @@ import pytest
 
 from roll_spotlight.config.strict import ConfigError, load_config
 from roll_spotlight.dispatch.queue import QueueStats
-from roll_spotlight.runtime.faults import FaultPlan
-from roll_spotlight.runtime.spot_pool import TrainingSpotPool, training_market, training_notice_s, training_prices
+from roll_spotlight.worker.faults import FaultPlan
+from roll_spotlight.spot_pool.training_pool import TrainingSpotPool, training_market, training_notice_s, training_prices
 from roll_spotlight.spot.market import MIN_NOTICE_S
-from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
+from roll_spotlight.spot_pool.pool import ElasticSpotPool, SpotPoolConfig
+from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, NodeEvent, SpotMarket, Trace
 from roll_spotlight.spot.synthetic import synthetic_trace
 from roll_spotlight.config.run import RunConfig, SpotConfig

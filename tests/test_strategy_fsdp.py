@@ -33,7 +33,7 @@ def _batch(cfg):
     """Rollout outputs of one iteration from the seed-0 policy, and continuous rewards."""
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutExecutor
     from roll_spotlight.training.prompt_pools import train_pool
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, weight_version=0)

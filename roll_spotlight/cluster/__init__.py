@@ -5,7 +5,6 @@
 - ``node_drain``: the agent's Ray shell, which finds its node and drains it with the deadline.
 - ``local_cluster``: a head and spot raylets on one host that a spot trace brings and takes away,
   each with its notice agent answering a ``metadata_stub`` (tests, `spotlight cluster-soak`).
-- ``emulated_nodes``: the spot raylets of a run on emulated GPUs (`spotlight train --emulate`).
 
 Importing this package imports nothing; Ray is imported by the modules that need it.
 """

@@ -26,7 +26,7 @@ substitution switched off: every node and its workers use 127.0.0.1 (docs/securi
 command works with ROLL's Ray 2.48 and with Ray 2.60.
 
 Deliberately not here: the market (``spot.market``), the pool that follows the nodes
-(``runtime.spot_nodes.RayNodeWatcher``) and the replay loop (``tools.replay``).
+(``spot_pool.ray_nodes.RayNodeWatcher``) and the replay loop (``tools.replay``).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
 from roll_spotlight.checks import require_choice, require_int
 from roll_spotlight.spot.market import EventKind, SpotMarket
 from roll_spotlight.spot.notices import PROVIDERS
-from roll_spotlight.spot.pool import MarketSchedule
+from roll_spotlight.spot.market import MarketSchedule
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ What ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`` does (a hidden CLI
 2.x), without joining the cluster as a driver: a ``GcsClient`` on the GCS address sends
 ``DrainNode`` with the reason and the deadline in epoch milliseconds. A preemption drain cannot be
 rejected; the node keeps running what it runs, gets no new work, and shows up in the driver's
-draining map with that deadline, which `runtime.spot_nodes.RayNodeWatcher` turns into NOTICE.
+draining map with that deadline, which `spot_pool.ray_nodes.RayNodeWatcher` turns into NOTICE.
 ``GcsClient`` and ``autoscaler_pb2`` are Ray's private Python API (checked on Ray 2.60).
 
 The node is found among the alive nodes by id, by ``NodeName`` (``ray start --node-name``, what

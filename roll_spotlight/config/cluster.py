@@ -23,7 +23,7 @@ class RayClusterConfig:
     stale exploration runs beside training (then `threads_per_actor`). Without it the rollout
     workers idle while the trainer steps, so one thread would leave the other cores unused.
     `spot_pool_slots`: extra spot_gpu units for the elastic spot pool's workers. `sp_degree`:
-    rollout workers per SP group (runtime.sp_group; 1: one image per worker); `sp_min_degree`: the
+    rollout workers per SP group (worker.sp_group; 1: one image per worker); `sp_min_degree`: the
     smallest group the spot workers' survivors re-form (None: any valid degree; `sp_degree`: a
     fixed degree, survivors wait for a newcomer); `sp_timeout_s`: how long an SP group's
     collectives wait for a silent member.

@@ -9,7 +9,7 @@ Modules (import them directly; this package imports nothing heavy so the pure pl
   hosts; each member's ``SPMembership``).
 - ``transfer``: where a newcomer's weights come from (same-node peer, remote peer, the weight
   store) and how (zero-copy shared memory on CPU, device to device on GPUs).
-- ``groups``: the driver of regroups over the live rollout workers (`runtime.actors.RolloutWorker`
-  in `runtime.sp_group` groups): survivors re-form under a fresh generation prefix with their
+- ``groups``: the driver of regroups over the live rollout workers (`worker.actor.RolloutWorker`
+  in `worker.sp_group` groups): survivors re-form under a fresh generation prefix with their
   weights in memory, newcomers copy from a peer, the committed lease resumes at any degree.
 """

@@ -1,12 +1,12 @@
-"""The driver's side of elastic SP on the live rollout workers (`runtime.actors.RolloutWorker`).
+"""The driver's side of elastic SP on the live rollout workers (`worker.actor.RolloutWorker`).
 It calls Ray actors, so unlike the pure planner (`group_plan.py`) this module imports Ray.
 
 The rollout workers are the persistent SP workers: a regroup never starts a process or reloads a
-model. :class:`ElasticGroups` forms their SP groups (`runtime.sp_group`) as the planner says and
+model. :class:`ElasticGroups` forms their SP groups (`worker.sp_group`) as the planner says and
 re-forms them after losses and arrivals. One regroup (:meth:`ElasticGroups.regroup`):
 
     1. lost members leave the table (preempted; after a notice their groups committed the lease
-       in hand at the step boundary, see `runtime.sp_group`);
+       in hand at the step boundary, see `worker.sp_group`);
     2. newcomers take the current weights from the cheapest peer (`transfer.choose_source`: a
        same-node peer, else another node's; with no peer the weight store serves their first
        lease): zero-copy shared memory on CPU, a device-to-device broadcast on GPUs;
@@ -25,7 +25,7 @@ Member lifecycle (the table holds ACTIVE members only):
     add / regroup(newcomers=...) --> ACTIVE --notice()--> (group commits) --regroup(lost=...)--> gone
 
 A member that dies without a notice breaks its group: the survivors' collectives fail (at once
-when the process died, `runtime.sp_group`; after ``timeout_s`` when its host vanished without
+when the process died, `worker.sp_group`; after ``timeout_s`` when its host vanished without
 closing its connections), their `serve()` raises, and the regroup hands the group's lease back to
 the queue (`worker_lost`) before re-forming.
 """

@@ -1,6 +1,6 @@
 """Where SP workers meet to form process groups: a file store on one host, a TCP store across hosts.
 
-The Ray driver hosts the rendezvous (`runtime.sp_group.open_rendezvous`); workers connect to it by
+The Ray driver hosts the rendezvous (`worker.sp_group.open_rendezvous`); workers connect to it by
 the picklable :class:`Rendezvous` inside the :class:`SPMembership` the driver hands them (where to
 meet, under which prefix, and each member's rank: `group_memberships` makes one group's).
 

@@ -4,7 +4,7 @@ Why this order: a same-node peer is the cheapest source (shared memory through t
 store on CPU, a device-to-device NCCL broadcast on GPU), a remote peer costs one network copy, and
 storage (in the live runtime, the weight store every worker can fetch a version from) is the
 fallback that always exists. :func:`choose_source` is the pure policy; the rest are torch helpers
-that `runtime.actors.RolloutWorker` (peer and newcomer) and `elastic.groups` (the driver) call.
+that `worker.actor.RolloutWorker` (peer and newcomer) and `elastic.groups` (the driver) call.
 
 Mechanisms, chosen by :func:`choose_method`:
 

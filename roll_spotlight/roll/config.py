@@ -76,7 +76,7 @@ class SpotlightConfig(BaseConfig):
         default=None, metadata={"help": "the recipe's file, named in errors (set by from_mapping's source)"})
     emulate: Optional[Dict[str, Any]] = field(
         default=None, metadata={"help": "emulated GPUs {gpu, time_scale}: set by the launcher's --emulate GPU "
-                                        "--time-scale S (runtime.emulated)"})
+                                        "--time-scale S (worker.emulated)"})
 
     actor_train: WorkerConfig = field(default_factory=WorkerConfig, metadata={"help": "Flow-GRPO trainer"})
     actor_infer: WorkerConfig = field(default_factory=WorkerConfig,
@@ -137,7 +137,7 @@ class SpotlightConfig(BaseConfig):
 
         if not self.emulate:
             return WorkerPlacement()
-        from roll_spotlight.cluster.emulated_nodes import ROLL_WORKER_MB
+        from roll_spotlight.spot_pool.emulated_nodes import ROLL_WORKER_MB
 
         ranks = self._trainer_ranks - 1 + self.actor_infer.world_size  # the placement counts one trainer
         processes = HostWorkers(sum(getattr(self, role).world_size for role in ROLE_NAMES), ROLL_WORKER_MB,

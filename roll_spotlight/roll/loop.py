@@ -18,7 +18,7 @@ explored with the weights of t) proceeds while it trains, through the same dispa
 With queue training (``spot.training_phase``, `runtime.queue_training`) the trainer rank submits
 the update's micro-batches to the same queue; while the driver waits for the update it ticks the
 dispatch, which keeps the actor_infer ranks draining (they compute micro-batches too), and the
-update's report says who trained what (`runtime.reports.update_report`, as the Ray backend's).
+update's report says who trained what (`runtime.update_report.update_report`, as the Ray backend's).
 `drive` is the single switch point between the pipeline and the loop.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import ray
 
-from roll_spotlight.runtime.reports import UpdateReport, update_report
+from roll_spotlight.runtime.update_report import UpdateReport, update_report
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.02  # how often the driver ticks while it waits for an update

@@ -76,7 +76,7 @@ class SpotlightPipeline(BasePipeline):
         """Emulated GPUs (``emulate``, the launcher's ``--emulate GPU --time-scale S``): every role
         keeps its world size as CPU-only workers whose compute waits its modelled duration, and
         the spot pool follows the raylets that replay the recipe's trace (`startup.emulated_spot`;
-        the launcher starts them). Returns the `runtime.emulated.Emulation` the workers run. It
+        the launcher starts them). Returns the `worker.emulated.Emulation` the workers run. It
         edits the pipeline's config in place, as `plan_resources` does (ROLL's pipelines own theirs),
         after `check_startup` checked the recipe as written."""
         from roll_spotlight.startup import emulated_spot, emulation_for
@@ -93,9 +93,9 @@ class SpotlightPipeline(BasePipeline):
         return sum(getattr(self.pipeline_config, role).world_size for role in ("actor_train", "actor_infer"))
 
     def worker_source(self, role: str = "actor_infer"):
-        """What a role's workers start from (`runtime.policy_source`): the policy, or emulated GPUs
+        """What a role's workers start from (`worker.policy_source`): the policy, or emulated GPUs
         (the trainer's a GPU of its own, as ROLL places actor_train)."""
-        from roll_spotlight.runtime.policy_source import policy_setup, policy_source
+        from roll_spotlight.worker.policy_source import policy_setup, policy_source
 
         if self.emulation is not None:
             return self.emulation.as_role("trainer") if role == "actor_train" else self.emulation
@@ -103,9 +103,9 @@ class SpotlightPipeline(BasePipeline):
 
     def form_sp_groups(self):
         """With ``elastic.sp_degree`` > 1, the actor_infer ranks join SP groups of consecutive ranks
-        (`runtime.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
+        (`worker.sp_group`); returns the rendezvous host they met at (kept for the run), or None."""
         from roll_spotlight.elastic.rendezvous import group_memberships
-        from roll_spotlight.runtime.sp_group import open_rendezvous
+        from roll_spotlight.worker.sp_group import open_rendezvous
 
         sp = self.pipeline_config.elastic.sp_degree
         if sp == 1:
@@ -167,16 +167,16 @@ class SpotlightPipeline(BasePipeline):
         return inbox
 
     def make_spot_pool(self, queue):
-        """The elastic pool of spot workers pulling from `queue` (runtime.spot_pool), started now.
+        """The elastic pool of spot workers pulling from `queue` (spot_pool.training_pool), started now.
 
         Override to supply another market, clock or worker arguments (tests do; pass the
         pipeline's ``inbox``). The pool's workers
         are the runtime's pull workers: they load the tiny base from its checkpoint file, or the real
-        model from ``model.path`` on their own node (``runtime.policy_source.load_policy``), take each weight
+        model from ``model.path`` on their own node (``worker.policy_source.load_policy``), take each weight
         version from the weight store, and ask Ray for one unit of ``spot_gpu`` each (plus one GPU
         when ``model.device`` is CUDA); with queue training they compute micro-batches too (``inbox``).
         """
-        from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
+        from roll_spotlight.spot_pool.training_pool import spot_elastic, start_training_pool
 
         cfg = self.pipeline_config
         self._check_spot(cfg)

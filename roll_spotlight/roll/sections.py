@@ -70,7 +70,7 @@ class ElasticConfig:
 
     ``sp_degree`` is the rollout SP degree (1: no SP, e.g. at 512x512; 4 at 1280x1280 on
     Qwen-Image): consecutive rollout ranks form SP rollout groups of that many
-    (`roll_spotlight.runtime.sp_group`), so ``actor_infer``'s world size must be a multiple of it.
+    (`roll_spotlight.worker.sp_group`), so ``actor_infer``'s world size must be a multiple of it.
     The spot workers (``spot.gpus_per_node`` per node) are elastic SP members: `elastic.groups.
     ElasticGroups` forms groups of up to this degree across nodes and re-forms them from the
     survivors after a preemption; ``min_sp_degree`` is the smallest group that can run (the
@@ -115,7 +115,7 @@ class SpotlightSections:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def __post_init__(self) -> None:
-        from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
+        from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
         check_sp_degree(self.model, self.elastic.sp_degree, key="elastic.sp_degree")  # Ulysses splits heads, tokens
         if self.spot.enabled and self.elastic.sp_degree > 1:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roll_spotlight.config.run import RunConfig
-from roll_spotlight.runtime.policy_source import trainer_core, worker_compute
+from roll_spotlight.worker.policy_source import worker_compute
 
 
 class DiffusersRolloutStrategy:
@@ -31,7 +31,7 @@ class DiffusersRolloutStrategy:
     driver. Version 0, the base, is fetched too: with LoRA each process draws its own random
     adapters (B = 0 makes them roll out alike, but a micro-batch's gradient depends on them), and
     the trainer's are the ones its updates apply to. `compute` is the rank's
-    `runtime.worker_loop.Compute`: the policy (`runtime.compute.ModelCompute`) or emulated GPUs.
+    `worker.loop.Compute`: the policy (`worker.compute.ModelCompute`) or emulated GPUs.
     """
 
     def __init__(self, cfg: RunConfig, compute) -> None:
@@ -40,16 +40,16 @@ class DiffusersRolloutStrategy:
         self.cfg, self.compute = cfg, compute
         self.queue = RequestQueue(QueueConfig())
         self.sp_group = None
-        self.sink = None  # queue training: a `runtime.queue_training.InboxSink`
+        self.sink = None  # queue training: a `worker.actor.InboxSink`
 
     def use_queue_training(self, inbox) -> None:
         """Compute the micro-batches of updates this rank pulls (`runtime.queue_training`)."""
-        from roll_spotlight.runtime.queue_training import InboxSink
+        from roll_spotlight.worker.actor import InboxSink
 
         self.sink = InboxSink(inbox)
 
     def join_sp(self, membership) -> None:
-        """Become one rank of an SP rollout group (`runtime.sp_group`); blocks until all joined.
+        """Become one rank of an SP rollout group (`worker.sp_group`); blocks until all joined.
         The group's ranks are then given the same requests: every rank denoises each image with
         its share of the tokens, and only the leader (rank 0) decodes and returns results."""
         if self.sp_group is not None:
@@ -66,7 +66,7 @@ class DiffusersRolloutStrategy:
 
     @classmethod
     def build(cls, cfg: RunConfig, source, store) -> "DiffusersRolloutStrategy":
-        """From the run's source (`runtime.policy_source`: the policy to load, or an `Emulation`)."""
+        """From the run's source (`worker.policy_source`: the policy to load, or an `Emulation`)."""
         return cls(cfg, worker_compute(source, store))
 
     def rollouts(self, specs: list) -> list:
@@ -77,17 +77,17 @@ class DiffusersRolloutStrategy:
         return drain_local(self.queue, specs, self._run)
 
     def drain(self, client) -> int:
-        """The worker loop (`runtime.worker_loop`) over the shared queue (a ``QueueClient``) until
+        """The worker loop (`worker.loop`) over the shared queue (a ``QueueClient``) until
         a pull leases nothing; returns how many requests ran here. An on-demand rank is never
         stopped early; in an SP group the leader pulls and the others' ``client`` is not used."""
-        from roll_spotlight.runtime.worker_loop import WorkerLoop
+        from roll_spotlight.worker.loop import WorkerLoop
 
         loop = WorkerLoop(client, self.compute, sink=self.sink)
         counters = loop.run(idle=lambda: True, group=self.sp_group)
         return counters["completed"] + counters["micro_batches"] if self.leader else 0
 
     def _run(self, lease):
-        from roll_spotlight.runtime.executor import Finished
+        from roll_spotlight.worker.engine import Finished
 
         self.compute.hold_version(lease.request.weight_version)
         outcome = self.compute.rollout(lease, decode=self.leader)
@@ -105,7 +105,7 @@ class DiffusersTrainStrategy:
     and only the rank given the store publishes. With ``train.sharding: fsdp`` the ranks shard the
     policy with FSDP2 (`roll_spotlight.training.sharding`): publishing, `weights_digest`, `save`,
     `load` and `evaluate` are then collectives that every rank must call. `core` is a
-    `runtime.trainer_core.TrainerCore`, or its emulated twin (`runtime.emulated`).
+    `runtime.trainer_core.TrainerCore`, or its emulated twin (`worker.emulated`).
     """
 
     def __init__(self, core, store=None, sync=None) -> None:
@@ -124,8 +124,10 @@ class DiffusersTrainStrategy:
 
     @classmethod
     def build(cls, cfg: RunConfig, source, store=None, sync=None) -> "DiffusersTrainStrategy":
-        """From the run's source (`runtime.policy_source`: the policy to load, or an `Emulation`)."""
-        return cls(trainer_core(cfg, source), store, sync)
+        """From the run's source (`worker.policy_source`: the policy to load, or an `Emulation`)."""
+        from roll_spotlight.runtime.trainer_core import build_trainer_core
+
+        return cls(build_trainer_core(cfg, source), store, sync)
 
     @property
     def weight_version(self) -> int:

@@ -35,7 +35,7 @@ from roll_spotlight import plugins
 
 class _DiTWorker(Worker):
     """Shared start-up: the run config and the strategy chosen by name, built from the run's
-    source (`runtime.policy_source`: the policy every rank loads, or emulated GPUs)."""
+    source (`worker.policy_source`: the policy every rank loads, or emulated GPUs)."""
 
     default_strategy: str = ""
 
@@ -129,7 +129,7 @@ class DiTRolloutWorker(_DiTWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_sp_group(self, memberships: list) -> None:
-        """Join this rank's SP rollout group: ``memberships[rank]`` (`runtime.sp_group`)."""
+        """Join this rank's SP rollout group: ``memberships[rank]`` (`worker.sp_group`)."""
         self.strategy.join_sp(memberships[self.rank])
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -152,11 +152,11 @@ class DiTRewardWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def initialize(self, pipeline_config, source=None, store=None) -> None:
-        from roll_spotlight.runtime.policy_source import is_emulation
+        from roll_spotlight.worker.policy_source import is_emulation
 
         super().initialize(pipeline_config)
         if is_emulation(source):
-            from roll_spotlight.runtime.emulated import EmulatedReward
+            from roll_spotlight.runtime.emulated_trainer import EmulatedReward
 
             self.reward_fn = EmulatedReward.servers(source, self.world_size)
         else:

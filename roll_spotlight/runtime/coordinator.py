@@ -29,7 +29,7 @@ from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
 from roll_spotlight.exploration.spot_share import SpotPlacement
 from roll_spotlight.runtime.exploration_round import ExplorationRound, ResumedRound, round_state
-from roll_spotlight.runtime.reports import UpdateReport
+from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.evaluate import Evaluation, paired_gain, save_samples
 from roll_spotlight.training.metrics import MetricsWriter

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
-from roll_spotlight.runtime.executor import Finished, RolloutExecutor
-from roll_spotlight.runtime.reports import UpdateReport
+from roll_spotlight.worker.engine import Finished, RolloutExecutor
+from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
 

@@ -34,9 +34,9 @@ import ray
 
 from roll_spotlight.dispatch.queue_actor import QueueClient
 from roll_spotlight.dispatch.requests import Lease, RequestResult, RequestSpec, Schedule
-from roll_spotlight.runtime.compute import ModelCompute
-from roll_spotlight.runtime.reports import TRAINER
-from roll_spotlight.runtime.worker_loop import POLL_MIN_S, TRAIN_ONLY, WorkerLoop
+from roll_spotlight.worker.compute import ModelCompute
+from roll_spotlight.runtime.update_report import TRAINER
+from roll_spotlight.worker.loop import POLL_MIN_S, TRAIN_ONLY, WorkerLoop
 from roll_spotlight.training.micro_batches import Contributions, GradientSum, TrainWork, UpdatePlan, UpdateSums
 
 WAIT_MAX_S = 0.01  # the trainer's longest wait between polls for an update's last micro-batch
@@ -90,24 +90,6 @@ def create_inbox(queue):
     from roll_spotlight.driver_node import on_driver_node
 
     return GradientInbox.options(**on_driver_node()).remote(queue)
-
-
-class InboxSink:
-    """A worker's `worker_loop.GradientSink`: the open update's work from the inbox (fetched
-    once per version) and the reports to it."""
-
-    def __init__(self, inbox) -> None:
-        self.inbox = inbox
-        self._work: TrainWork | None = None
-
-    def work(self, version: int) -> TrainWork | None:
-        if self._work is None or self._work.weight_version != version:
-            self._work = ray.get(self.inbox.work.remote(version))
-        return self._work
-
-    def report(self, worker: str, version: int, leases: Sequence[Lease], gradient: GradientSum) -> bool:
-        results = [lease.result(None) for lease in leases]
-        return bool(ray.get(self.inbox.report.remote(worker, version, results, gradient)))
 
 
 class _OwnSums:

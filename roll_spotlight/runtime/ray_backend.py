@@ -9,7 +9,7 @@ Nothing is pushed to workers: they pull. The trainer publishes every version to 
 which keeps the latest two (exploration on stale weights needs version t while t+1 trains).
 
 With the run's ``spot:`` section enabled, spot rollout workers join the same queue as a market says
-(``runtime.spot_pool.start_training_pool``): the wait loop of ``rollouts`` polls the pool, a worker
+(``spot_pool.training_pool.start_training_pool``): the wait loop of ``rollouts`` polls the pool, a worker
 told of a preemption commits its in-flight request and another worker resumes it, and a killed
 worker's leases go back to the queue. Rollouts are pure functions of (weights, prompt, seed,
 schedule) and are collected in request-id order, so the training curve is the one without spot.
@@ -38,10 +38,11 @@ from roll_spotlight.config.cluster import RayClusterConfig
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.driver_node import on_driver_node
 from roll_spotlight.loopback import set_loopback_env
-from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, RolloutWorker, TrainerActor
-from roll_spotlight.runtime.emulated import Emulation
-from roll_spotlight.runtime.policy_source import worker_gpus
-from roll_spotlight.runtime.reports import UpdateReport, update_report
+from roll_spotlight.runtime.actors import ONDEMAND, SPOT, RewardActor, TrainerActor
+from roll_spotlight.worker.actor import RolloutWorker
+from roll_spotlight.worker.emulated import Emulation
+from roll_spotlight.worker.policy_source import worker_gpus
+from roll_spotlight.runtime.update_report import UpdateReport, update_report
 from roll_spotlight.config.run import RunConfig
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class RayBackend:
             slots = 2 * cfg.spot.max_workers * cfg.spot.gpus_per_node  # one worker per spot GPU
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=slots)
         if self.cluster.sp_degree > 1:
-            from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
+            from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
             check_sp_degree(cfg.model, self.cluster.sp_degree)
             if cfg.spot.enabled:
@@ -137,8 +138,8 @@ class RayBackend:
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
             raise ValueError(f"spot.enabled needs the Ray resource {SPOT!r}, which this cluster lacks")
-        # a policy source (runtime.policy_source): the tiny base's path, or a model section each actor loads;
-        # or emulated GPUs (runtime.emulated), whose trainer is colocated with an on-demand worker
+        # a policy source (worker.policy_source): the tiny base's path, or a model section each actor loads;
+        # or emulated GPUs (worker.emulated), whose trainer is colocated with an on-demand worker
         path = policy_path if isinstance(policy_path, (Mapping, Emulation)) else str(policy_path)
         data, gpus = to_dict(cfg), worker_gpus(path)
         self._path = path
@@ -175,7 +176,7 @@ class RayBackend:
             self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
 
     def _start_spot(self, cfg: RunConfig, market, clock, worker_kwargs):
-        from roll_spotlight.runtime.spot_pool import spot_elastic, start_training_pool
+        from roll_spotlight.spot_pool.training_pool import spot_elastic, start_training_pool
 
         source, shape, bill_scale = self._path, None, 1.0
         if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
@@ -223,7 +224,7 @@ class RayBackend:
     def _rendezvous_address(self):
         """Where SP groups meet: a file store on a local cluster, a TCP store on this host otherwise."""
         if self._rendezvous is None:
-            from roll_spotlight.runtime.sp_group import open_rendezvous
+            from roll_spotlight.worker.sp_group import open_rendezvous
 
             self._rendezvous = open_rendezvous(all_local=not self.cluster.address)
         return self._rendezvous.address

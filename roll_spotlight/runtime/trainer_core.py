@@ -14,7 +14,7 @@ import torch
 
 from roll_spotlight.dispatch.requests import Schedule
 from roll_spotlight.flow_grpo import sigma_schedule
-from roll_spotlight.runtime.executor import stack_outputs
+from roll_spotlight.worker.engine import stack_outputs
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.averaging import WeightAverage
 from roll_spotlight.training.evaluate import Evaluation, evaluate
@@ -67,7 +67,7 @@ class TrainerCore:
 
     def queue_training(self, queue, inbox) -> QueueTraining:
         """This trainer's side of queue training: it pulls its updates' micro-batches too."""
-        from roll_spotlight.runtime.compute import ModelCompute
+        from roll_spotlight.worker.compute import ModelCompute
         from roll_spotlight.runtime.queue_training import QueueTraining
 
         return QueueTraining(queue, inbox, ModelCompute(self.policy, version=self.weight_version))
@@ -112,3 +112,14 @@ class TrainerCore:
     def load(self, path: Path) -> None:
         self.load_state_dict(torch.load(path, weights_only=True))
 
+
+def build_trainer_core(cfg: RunConfig, source):
+    """The trainer's core from its source (`worker.policy_source`): `TrainerCore` on the loaded
+    policy, or `runtime.emulated_trainer.EmulatedTrainerCore` (the same duties on stand-in adapters)."""
+    from roll_spotlight.worker.policy_source import is_emulation, load_policy
+
+    if is_emulation(source):
+        from roll_spotlight.runtime.emulated_trainer import EmulatedTrainerCore
+
+        return EmulatedTrainerCore(cfg, source)
+    return TrainerCore(cfg, load_policy(source))

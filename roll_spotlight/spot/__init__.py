@@ -1,11 +1,11 @@
 """Spot market core (pure Python + numpy): traces, their statistics, a synthetic generator, the
-market replay (node up / notice / node down), the spot pool's state machine, GPU prices and a cost
-ledger. Nothing here imports Ray, torch or the runtime; the pool's Ray shell is in
-``roll_spotlight.runtime.spot_nodes``, the drivers (`spotlight replay`, `soak`) in ``roll_spotlight.tools``.
+market replay (node up / notice / node down) and its event schedule, GPU prices and a cost ledger.
+Nothing here imports Ray, torch or the runtime; the spot pool that applies the market to workers is
+``roll_spotlight.spot_pool``.
 
-Modules: ``traces`` (formats, ``load_trace``, ``traces_root``: the public traces shipped in ``data/``), ``stats`` (``trace_stats``,
-``summarize_shipped_traces``), ``synthetic`` (``synthetic_trace``), ``market`` (``SpotMarket``),
-``pool`` (``ElasticSpotPool``), ``prices`` (``PriceTable``), ``ledger`` (``CostLedger``).
+Modules: ``traces`` (formats, ``load_trace``, ``traces_root``: the public traces shipped in ``data/``),
+``stats`` (``trace_stats``, ``summarize_shipped_traces``), ``synthetic`` (``synthetic_trace``),
+``market`` (``SpotMarket``, ``MarketSchedule``), ``prices`` (``PriceTable``), ``ledger`` (``CostLedger``).
 """
 
 from roll_spotlight.spot.ledger import CostLedger, CostReport, PoolCost

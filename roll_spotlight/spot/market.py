@@ -373,3 +373,28 @@ def _ramp_end(lives: tuple[NodeLife, ...]) -> float:
     times = sorted(deltas)
     counts = np.cumsum([deltas[t] for t in times])
     return float(times[int(np.argmax(counts))]) if times else 0.0
+
+
+class MarketSchedule:
+    """A ``SpotMarket`` as an event source, on its wall clock (seconds since the window start)."""
+
+    def __init__(self, market: SpotMarket) -> None:
+        self.market = market
+        self._next = 0
+        scale, t0 = market.config.compression, market.window_start_s
+        self._deadlines = {life.node_id: (life.down_s - t0) / scale
+                           for life in market.lives if life.down_s is not None}
+
+    def due(self, now: float) -> list[MarketEvent]:
+        events = self.market.events
+        start = self._next
+        while self._next < len(events) and events[self._next].time_s <= now:
+            self._next += 1
+        return list(events[start:self._next])
+
+    def deadline(self, node_id: str) -> float | None:
+        return self._deadlines.get(node_id)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next >= len(self.market.events)

@@ -65,7 +65,7 @@ def check_machine(cfg: TraceRunConfig, available_mb: float | None = None) -> Non
 
 def run_cluster_soak(cfg: TraceRunConfig, trace: Trace | None = None, *, worker_kwargs=None) -> dict:
     """The whole cluster soak; returns the JSON report (see the module docstring).
-    ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `runtime.faults.FaultPlan`)."""
+    ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `worker.faults.FaultPlan`)."""
     from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
     from roll_spotlight.tools import replay
     from roll_spotlight.tools.soak import RssSampler, tiled_market
@@ -110,7 +110,7 @@ class _ClusterDrive:
 
     def __call__(self, cfg: TraceRunConfig, rt, market, stream):
         from roll_spotlight.config.run import SpotConfig
-        from roll_spotlight.runtime.spot_pool import spot_elastic, start_cluster_pool
+        from roll_spotlight.spot_pool.training_pool import spot_elastic, start_cluster_pool
         from roll_spotlight.spot.prices import prices_for_trace
         from roll_spotlight.tools.replay import TINY_MODEL, drive_live
 

@@ -83,7 +83,7 @@ ONDEMAND_WORKER = "ondemand-0"
 
 def check_placement(cfg: TraceRunConfig) -> None:
     """The SP groups fit the replay's model and the spot nodes (errors name the flags)."""
-    from roll_spotlight.runtime.sp_group import check_sp_degree, check_spot_placement
+    from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
     check_sp_degree(TINY_MODEL, cfg.sp_degree, key="--sp-degree")
     check_spot_placement(cfg.gpus_per_node, cfg.sp_degree, cfg.nodes, degree_key="--sp-degree",
@@ -214,7 +214,8 @@ class _Runtime:
 
         from roll_spotlight.dispatch.queue import QueueConfig
         from roll_spotlight.dispatch.queue_actor import create_queue_actor
-        from roll_spotlight.runtime.actors import ONDEMAND, RolloutWorker
+        from roll_spotlight.runtime.actors import ONDEMAND
+        from roll_spotlight.worker.actor import RolloutWorker
         from roll_spotlight.runtime.ray_backend import init_ray
         from roll_spotlight.weights import WeightStore
 
@@ -296,8 +297,8 @@ def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
     """Recompute each completed request uninterrupted in this process; returns (mismatched,
     mismatched among resumed outputs). Bit for bit: final latents, log-probs and image."""
     from roll_spotlight.dispatch.requests import Lease
-    from roll_spotlight.runtime.policy_source import load_policy
-    from roll_spotlight.runtime.executor import RolloutExecutor
+    from roll_spotlight.worker.policy_source import load_policy
+    from roll_spotlight.worker.engine import RolloutExecutor
 
     executor = RolloutExecutor(load_policy(policy_path))
     mismatched = mismatched_resumed = 0
@@ -375,10 +376,11 @@ class _Live:
 def _replay_live(cfg: TraceRunConfig, rt: _Runtime, market: SpotMarket, stream: RequestStream):
     """The market's pool on this cluster: initial fleet up, then ``drive_live``; the ledger bills
     trace seconds (the on-demand worker from clock 0 to the end)."""
-    from roll_spotlight.runtime.spot_nodes import RayWorkerLauncher
-    from roll_spotlight.runtime.spot_pool import spot_elastic
+    from roll_spotlight.spot_pool.ray_nodes import RayWorkerLauncher
+    from roll_spotlight.spot_pool.training_pool import spot_elastic
     from roll_spotlight.spot.ledger import CostLedger
-    from roll_spotlight.spot.pool import ElasticSpotPool, MarketSchedule, SpotPoolConfig
+    from roll_spotlight.spot_pool.pool import ElasticSpotPool, SpotPoolConfig
+    from roll_spotlight.spot.market import MarketSchedule
     from roll_spotlight.spot.prices import prices_for_trace
 
     ledger = CostLedger(prices_for_trace(market.trace))
@@ -417,7 +419,7 @@ def drive_live(cfg: TraceRunConfig, rt: _Runtime, pool, stream: RequestStream, *
 
 
 def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing) -> dict:
-    from roll_spotlight.runtime.spot_pool import regroup_metrics, time_lost_per_preemption
+    from roll_spotlight.spot_pool.training_pool import regroup_metrics, time_lost_per_preemption
 
     results, pool, queue_stats = live.results, live.pool, live.queue_stats
     completions = results.completions.values()

@@ -90,7 +90,7 @@ class GradientSum:
 class Contributions:
     """Who computed an update's micro-batches: (micro-batches, compute seconds) per worker, the
     reports the queue refused on the way (their micro-batches were computed again) and the
-    phase's wall time. What the hosts split by kind of worker (`runtime.reports`)."""
+    phase's wall time. What the hosts split by kind of worker (`runtime.update_report`)."""
 
     by_worker: Mapping[str, tuple[int, float]]
     refused: int = 0
@@ -124,7 +124,7 @@ def compute_sum(loss, params: dict[str, torch.nn.Parameter], work: TrainWork,
     """Run `micro_batches` of `work` (in order) on `loss` (a `grpo.GRPOLoss` at the work's weight
     version) and return their sum; `should_stop()` is called after each entry, and a True ends
     the sum there (a notice: what finished is reported, the rest handed back). A None entry is a
-    round this worker sits out (an SP group's ranks compute in rounds, `runtime.compute`):
+    round this worker sits out (an SP group's ranks compute in rounds, `worker.compute`):
     nothing is computed but `should_stop()` is still called, so every rank asks equally often.
     The parameters' `.grad` are scratch space: zeroed before and after."""
     from roll_spotlight.weights.codec import state_dict_to_numpy

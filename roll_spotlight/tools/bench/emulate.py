@@ -2,7 +2,7 @@
 
 For each row (on-demand + spot GPUs, resolution, SP degree) and system (vanilla, naive spot,
 Spotlight exploring, Spotlight with spot training) it runs ``--iterations`` iterations of the
-Qwen-Image OCR recipe on emulated GPUs (`runtime.emulated`: the real queue, workers, trainer, spot
+Qwen-Image OCR recipe on emulated GPUs (`worker.emulated`: the real queue, workers, trainer, spot
 pool, elastic SP and notice bridge, every compute phase waiting its calibrated duration divided by
 the row's time-scale), with the spot nodes as raylets that one window of the AWS p3 trace
 (`trace_window`) starts, drains and kills at that time-scale; and the simulator on the same
@@ -151,10 +151,10 @@ def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
 
 def row_cost_model(cfg: EmulateBenchConfig, row: Row):
     """The cost model of the recipe's workload at the row's resolution on ``cfg.gpu``: the one the
-    emulated workers wait on (`runtime.emulated.workload_of`), so both sides model one shape."""
+    emulated workers wait on (`worker.emulated.workload_of`), so both sides model one shape."""
     from roll_spotlight.config.run import RunConfig
     from roll_spotlight.config.strict import load_config
-    from roll_spotlight.runtime.emulated import workload_of
+    from roll_spotlight.worker.emulated import workload_of
 
     recipe = load_config(RunConfig, cfg.recipe, [f"model.image_size={row.resolution}"])
     return workload_of(recipe).cost_model(cfg.gpu)

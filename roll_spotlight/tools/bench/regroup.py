@@ -1,11 +1,11 @@
 """Warm regroup vs cold restart of an SP group, measured on the live rollout workers.
 
-The workers are `runtime.actors.RolloutWorker` Ray actors serving the request queue in an SP group
+The workers are `worker.actor.RolloutWorker` Ray actors serving the request queue in an SP group
 of degree 2 (gloo on CPU), driven by `elastic.groups.ElasticGroups`: the classes training runs.
 Each repeat preempts one member in the middle of a rollout and times what the preemption costs:
 
 - **warm**: the member gets a notice while the group is parked after step 2 of 4 (deterministic
-  injection, `runtime.faults`); the group commits the lease, the survivor and a standby newcomer on
+  injection, `worker.faults`); the group commits the lease, the survivor and a standby newcomer on
   the same node (a started worker, its pipeline loaded from disk, as on a node whose worker is
   kept for recovery) re-form a group under a fresh generation prefix (the newcomer maps the
   survivor's weights from the node's shared memory, zero-copy; the survivor published them once
@@ -114,8 +114,8 @@ class _Session:
         from roll_spotlight.dispatch.queue_actor import create_queue_actor
         from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
         from roll_spotlight.elastic.rendezvous import RendezvousHost
-        from roll_spotlight.runtime.executor import RolloutExecutor
-        from roll_spotlight.runtime.policy_source import load_policy
+        from roll_spotlight.worker.engine import RolloutExecutor
+        from roll_spotlight.worker.policy_source import load_policy
         from roll_spotlight.weights import WeightStore
 
         self.source = source
@@ -135,8 +135,8 @@ class _Session:
         (a two-step lease never parks: a worker polls after every step but the last)."""
         import ray
 
-        from roll_spotlight.runtime.actors import RolloutWorker
-        from roll_spotlight.runtime.faults import FaultPlan
+        from roll_spotlight.worker.actor import RolloutWorker
+        from roll_spotlight.worker.faults import FaultPlan
 
         gpu = next(self._gpus)
         handle = RolloutWorker.remote(f"bench-{gpu}", self.source, self.queue, self.store,
@@ -237,8 +237,8 @@ def _warm_once(session: _Session) -> dict[str, Any]:
 
 
 def _cold_once(session: _Session) -> dict[str, Any]:
-    from roll_spotlight.runtime.actors import RolloutWorker
-    from roll_spotlight.runtime.faults import FaultPlan
+    from roll_spotlight.worker.actor import RolloutWorker
+    from roll_spotlight.worker.faults import FaultPlan
 
     t0, _ = session.preempt(sorted(session.groups.workers), {})  # the group commits; nobody is left
     fresh = {}
@@ -306,7 +306,7 @@ def _summary(meta: dict[str, Any], warm: list[dict], cold: list[dict]) -> dict[s
         "sp_max_abs_diff": max(s["diff"] for s in warm + cold),
         "definition": "time lost to a member's preemption: from the notice to the end of the resumed lease "
                       "minus a two-step lease on the recovered group (steady_step_s), median over repeats",
-        "path": "live: runtime.actors.RolloutWorker SP groups driven by elastic.groups.ElasticGroups",
+        "path": "live: worker.actor.RolloutWorker SP groups driven by elastic.groups.ElasticGroups",
         "warm_parts_median_s": {k: _median(warm, k) for k in ("leave_s", "transfer_s", "regroup_s", "step_s")},
         "cold_parts_median_s": {k: _median(cold, k) for k in ("regroup_s", "step_s")},
         "steady_step_median_s": _median(warm, "steady_step_s"),

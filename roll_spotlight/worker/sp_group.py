@@ -22,7 +22,7 @@ trajectory equals the single-worker one; measured bit for bit on CPU at degrees 
 (`benchmarks/sp_rollout.py`), and the tests allow 1e-5 (fp32) because GPU kernels may pick other
 reduction orders for other shapes.
 
-Training micro-batches (queue training, `runtime.compute.group_sum`): a TRAIN batch is not
+Training micro-batches (queue training, `worker.compute.group_sum`): a TRAIN batch is not
 one image, so the ranks train data-parallel instead, with Ulysses off for the batch
 (`data_parallel`): the leader pulls one batch per rank and shares it, rank r computes leases r,
 r+size, ... in rounds with a stop decision (all-reduce MAX) after each, and the ranks' gradient
@@ -112,7 +112,7 @@ class SPRolloutGroup:
 
     The constructor blocks until every member has joined. The head count of the policy's
     transformer and its image-token count must be divisible by ``size`` (checked by Ulysses).
-    ``policy`` None: a group of emulated GPUs (`runtime.emulated`), the collectives without a model."""
+    ``policy`` None: a group of emulated GPUs (`worker.emulated`), the collectives without a model."""
 
     def __init__(self, policy, membership: SPMembership) -> None:
         from roll_spotlight.elastic.comm import make_process_group

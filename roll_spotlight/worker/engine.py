@@ -19,7 +19,7 @@ import torch
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutState, SdeWindow, Trajectory, rollout, sigma_schedule
-from roll_spotlight.runtime.outputs import Committed, Finished, RolloutOutput  # torch-free
+from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput  # torch-free
 
 
 def window_of(request: Request) -> SdeWindow:

@@ -1,12 +1,12 @@
 """A worker's compute on a real policy: rollouts of leases and gradient sums of micro-batches.
 
-`ModelCompute` is what the worker loop (`runtime.worker_loop`) runs on a model, for every host:
+`ModelCompute` is what the worker loop (`worker.loop`) runs on a model, for every host:
 it holds one weight version at a time (fetched from the run's weight store the first time a
 lease names it, or set by a peer's copy), rolls leases out with the `RolloutExecutor` and computes
 training micro-batches with the trainer's own loss code (`training.grpo.GRPOLoss`), so a worker
 computes exactly what the trainer would.
 
-An SP group (`runtime.sp_group`) trains data-parallel (`group_sum`): lease i runs on rank
+An SP group (`worker.sp_group`) trains data-parallel (`group_sum`): lease i runs on rank
 i % size in round i // size, a collective stop check after each round, and the ranks' sums are
 reduced onto the leader, which reports one sum for the leases that finished. A member killed
 without notice breaks the group; the regroup requeues its leases and the partial sums die with it.
@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from roll_spotlight.dispatch.requests import MicroBatch
-from roll_spotlight.runtime.executor import RolloutExecutor
+from roll_spotlight.worker.engine import RolloutExecutor
 from roll_spotlight.training.micro_batches import LOSS_TOTALS, GradientSum, TrainWork, compute_sum, reduce_flat
 
 
@@ -35,7 +35,7 @@ class ModelCompute:
         self.store, self.version = store, version
         self.lock = threading.Lock()
         self.shared = False  # the parameters are read-only views of a peer's object (elastic.transfer)
-        self.published = None  # (version, [ObjectRef]) a newcomer can adopt (runtime.actors)
+        self.published = None  # (version, [ObjectRef]) a newcomer can adopt (worker.actor)
         self.counters = {"weight_fetches": 0, "peer_weight_copies": 0}
         self._loss = None
         self._params: dict[str, torch.nn.Parameter] = {}
@@ -156,7 +156,7 @@ class ModelCompute:
 
     def join_group(self, membership):
         """Become one rank of an SP rollout group (blocks until every member joined)."""
-        from roll_spotlight.runtime.sp_group import SPRolloutGroup
+        from roll_spotlight.worker.sp_group import SPRolloutGroup
 
         return SPRolloutGroup(self.policy, membership)
 

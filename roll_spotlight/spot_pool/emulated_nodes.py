@@ -1,4 +1,4 @@
-"""The spot nodes of an emulated run (`runtime.emulated`): raylets of a one-machine cluster that the
+"""The spot nodes of an emulated run (`worker.emulated`): raylets of a one-machine cluster that the
 run's spot trace starts, drains through the notice bridge and kills at the emulation's time-scale,
 and the check that this machine can hold the emulated GPUs at all.
 """
@@ -12,9 +12,8 @@ from pathlib import Path
 
 from roll_spotlight.cluster.local_cluster import (HEAD_MB, NODE_BASE_MB, ClusterTraceDriver, LocalCluster,
                                                   LocalClusterConfig, available_memory_mb)
-from roll_spotlight.runtime.spot_pool import training_market
-from roll_spotlight.spot.market import EventKind
-from roll_spotlight.spot.pool import MarketSchedule
+from roll_spotlight.spot_pool.training_pool import training_market
+from roll_spotlight.spot.market import EventKind, MarketSchedule
 
 # Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
 # training stand-ins, no model (a Qwen-Image worker holds the model on its GPU, not here).
@@ -46,7 +45,7 @@ def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: floa
 
 class LeadingSchedule:
     """A market's events on its wall clock, with every node's NODE_UP ``lead_s`` early (a node
-    that joins later than the window start): `spot.pool.MarketSchedule` for a harness whose
+    that joins later than the window start): `spot.market.MarketSchedule` for a harness whose
     nodes take ``lead_s`` to come up."""
 
     def __init__(self, market, lead_s: float) -> None:

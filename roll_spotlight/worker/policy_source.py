@@ -1,6 +1,6 @@
 """What a run's workers start from, without Ray or torch at import: a *policy source* is either the
 path of the tiny base checkpoint, or a model section (a dict of `ModelConfig` fields) for a real
-model that every worker loads from its own disk, or an `runtime.emulated.Emulation` (emulated GPUs:
+model that every worker loads from its own disk, or an `worker.emulated.Emulation` (emulated GPUs:
 no model at all). Weight versions then come from the weight store. Every host's workers (the Ray
 actors, the ROLL workers) build their compute and trainer from a source here.
 """
@@ -85,8 +85,8 @@ def worker_gpus(source) -> float:
 
 
 def is_emulation(source) -> bool:
-    """Does ``source`` emulate GPUs (`runtime.emulated.Emulation`) rather than load a policy?"""
-    from roll_spotlight.runtime.emulated import Emulation
+    """Does ``source`` emulate GPUs (`worker.emulated.Emulation`) rather than load a policy?"""
+    from roll_spotlight.worker.emulated import Emulation
 
     return isinstance(source, Emulation)
 
@@ -95,21 +95,9 @@ def worker_compute(source, store, commit_every: int = 0):
     """A rollout worker's `worker_loop.Compute` from its source: the policy loaded (every weight
     version, the base's included, then comes from `store`), or emulated GPUs."""
     if is_emulation(source):
-        from roll_spotlight.runtime.emulated import EmulatedCompute
+        from roll_spotlight.worker.emulated import EmulatedCompute
 
         return EmulatedCompute(source, store)
-    from roll_spotlight.runtime.compute import ModelCompute
+    from roll_spotlight.worker.compute import ModelCompute
 
     return ModelCompute(load_policy(source), store, commit_every=commit_every)
-
-
-def trainer_core(cfg, source):
-    """The trainer's core from its source: `runtime.trainer_core.TrainerCore` on the loaded policy,
-    or `runtime.emulated.EmulatedTrainerCore` (the same duties on stand-in adapters)."""
-    if is_emulation(source):
-        from roll_spotlight.runtime.emulated import EmulatedTrainerCore
-
-        return EmulatedTrainerCore(cfg, source)
-    from roll_spotlight.runtime.trainer_core import TrainerCore
-
-    return TrainerCore(cfg, load_policy(source))

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from roll_spotlight.config.run import SpotConfig
     from roll_spotlight.dispatch.queue import QueueStats
 
-from roll_spotlight.runtime.spot_nodes import RayNodeWatcher, RayWorkerLauncher, has_spot_resource
+from roll_spotlight.spot_pool.ray_nodes import RayNodeWatcher, RayWorkerLauncher, has_spot_resource
 from roll_spotlight.spot.ledger import CostLedger, CostReport
 from roll_spotlight.spot.market import MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, MarketConfig, SpotMarket
-from roll_spotlight.spot.pool import ElasticSpotPool, EventSource, MarketSchedule, NodeState, SpotPoolConfig
+from roll_spotlight.spot_pool.pool import ElasticSpotPool, EventSource, NodeState, SpotPoolConfig
+from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot.prices import Price, PriceTable, default_prices, prices_for_trace
 from roll_spotlight.spot.traces import Trace
 
@@ -289,7 +290,7 @@ def elastic_groups_config(model_cfg, degree: int, *, timeout_s: float, cuda: boo
     """The `ElasticGroupsConfig` of a run's spot workers: Ulysses' shape from the model (``shape``:
     given, for emulated GPUs that load none)."""
     from roll_spotlight.elastic.groups import ElasticGroupsConfig
-    from roll_spotlight.runtime.sp_group import sp_shape
+    from roll_spotlight.worker.sp_group import sp_shape
 
     heads, tokens = shape or sp_shape(model_cfg)
     return ElasticGroupsConfig(num_heads=heads, preferred_degree=degree, num_tokens=tokens, timeout_s=timeout_s,
@@ -301,7 +302,7 @@ def spot_elastic(model_cfg, degree: int, timeout_s: float, policy_path, min_degr
     """The `ElasticGroupsConfig` of a run's spot workers (None at SP degree 1: solo workers)."""
     if degree == 1:
         return None
-    from roll_spotlight.runtime.policy_source import worker_gpus
+    from roll_spotlight.worker.policy_source import worker_gpus
 
     return elastic_groups_config(model_cfg, degree, timeout_s=timeout_s, cuda=worker_gpus(policy_path) > 0,
                                  min_degree=min_degree, shape=shape)

@@ -41,7 +41,7 @@ from typing import Protocol
 
 from roll_spotlight.checks import require, require_each, require_int, require_number
 from roll_spotlight.spot.ledger import CostLedger
-from roll_spotlight.spot.market import EventKind, MarketEvent, SpotMarket
+from roll_spotlight.spot.market import EventKind, MarketEvent
 
 log = logging.getLogger(__name__)
 
@@ -137,31 +137,6 @@ class WorkerLauncher(Protocol):
     def dead(self) -> list[str]: ...  # workers whose actor died on its own since the last call
     def advance(self) -> int: ...  # work due on every poll (elastic SP: one regroup); leases requeued
     def stop_all(self) -> None: ...
-
-
-class MarketSchedule:
-    """A ``SpotMarket`` as an event source, on its wall clock (seconds since the window start)."""
-
-    def __init__(self, market: SpotMarket) -> None:
-        self.market = market
-        self._next = 0
-        scale, t0 = market.config.compression, market.window_start_s
-        self._deadlines = {life.node_id: (life.down_s - t0) / scale
-                           for life in market.lives if life.down_s is not None}
-
-    def due(self, now: float) -> list[MarketEvent]:
-        events = self.market.events
-        start = self._next
-        while self._next < len(events) and events[self._next].time_s <= now:
-            self._next += 1
-        return list(events[start:self._next])
-
-    def deadline(self, node_id: str) -> float | None:
-        return self._deadlines.get(node_id)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._next >= len(self.market.events)
 
 
 # ---------------------------------------------------------------------------------------------

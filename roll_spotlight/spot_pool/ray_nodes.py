@@ -1,5 +1,5 @@
 """Ray shell of the spot pool: spot rollout workers as actors, and a real cluster's spot nodes as
-an event source for `roll_spotlight.spot.pool.ElasticSpotPool`.
+an event source for `roll_spotlight.spot_pool.pool.ElasticSpotPool`.
 
 On a real cluster ``RayNodeWatcher`` turns ``ray.nodes()`` changes into the same events: a new
 alive spot node is NODE_UP, a node that starts draining is NOTICE (deadline from the drain), a node
@@ -47,7 +47,7 @@ class RayWorkerLauncher:
     """Spot ``RolloutWorker`` actors on Ray, ``gpus_per_node`` per spot node. Each asks for one
     unit of ``resource``; with ``node_affinity`` it is pinned to the node the event names (a real
     cluster, node ids in hex). ``worker_kwargs(node_id)`` gives extra ``RolloutWorker`` arguments
-    per node (tests inject ``faults``, `runtime.faults.FaultPlan`, on one node this way). ``policy_path`` is what workers
+    per node (tests inject ``faults``, `worker.faults.FaultPlan`, on one node this way). ``policy_path`` is what workers
     load (``policy_source.load_policy``): the tiny base checkpoint, or a model section for a real model each
     node loads from its own disk (a CUDA device adds ``num_gpus=1`` to the actor's request).
 
@@ -103,8 +103,8 @@ class RayWorkerLauncher:
         return [] if self.groups is None else self.groups.reports
 
     def start(self, name: str, node_id: str) -> None:
-        from roll_spotlight.runtime.actors import RolloutWorker
-        from roll_spotlight.runtime.policy_source import worker_gpus
+        from roll_spotlight.worker.actor import RolloutWorker
+        from roll_spotlight.worker.policy_source import worker_gpus
 
         options: dict[str, object] = {"resources": {self.resource: 1}, "num_gpus": worker_gpus(self.policy_path)}
         if self.node_affinity:
@@ -142,7 +142,7 @@ class RayWorkerLauncher:
     def _elastic_groups(self):
         if self.groups is None:
             from roll_spotlight.elastic.groups import ElasticGroups
-            from roll_spotlight.runtime.sp_group import open_rendezvous
+            from roll_spotlight.worker.sp_group import open_rendezvous
 
             # loopback unless the workers may sit on other hosts (a real cluster's spot nodes)
             self._rendezvous = open_rendezvous(all_local=not self.node_affinity)

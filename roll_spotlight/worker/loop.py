@@ -11,9 +11,9 @@
         ends the batch (finished ones completed, the one in flight committed, the rest released)
 
 Hosts supply the transport (a `dispatch.queue_actor.QueueClient` over the queue actor) and the compute
-(`Compute`): the Ray rollout worker (`runtime.actors`), the ROLL rollout strategy
+(`Compute`): the Ray rollout worker (`worker.actor`), the ROLL rollout strategy
 (`roll.strategy`), the trainer pulling its own update's micro-batches (`runtime.queue_training`),
-and emulated compute (`runtime.emulated`). In an SP group (`runtime.sp_group`) the leader alone
+and emulated compute (`worker.emulated`). In an SP group (`worker.sp_group`) the leader alone
 talks to the queue; every decision is a collective, so the ranks never disagree where a batch
 ended.
 """
@@ -25,15 +25,15 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, MicroBatch, RequestKind
-from roll_spotlight.runtime.outputs import Committed, Finished
+from roll_spotlight.worker.outputs import Committed, Finished
 
 TRAIN_ONLY = (RequestKind.TRAIN,)
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.05  # idle polling backs off between these
 
 
 class Compute(Protocol):
-    """The work itself, with no queue in sight: a model (`runtime.compute.ModelCompute`) or
-    calibrated durations (`runtime.emulated.EmulatedCompute`)."""
+    """The work itself, with no queue in sight: a model (`worker.compute.ModelCompute`) or
+    calibrated durations (`worker.emulated.EmulatedCompute`)."""
 
     def hold_version(self, version: int) -> None:
         """Have the weights of ``version`` in hand (fetch them if another version is held)."""
@@ -91,7 +91,7 @@ class WorkerLoop:
     ``kinds`` restricts what it leases (None: every kind); TRAIN only with a ``sink``.
     ``on_progress(kind, reached)`` observes each denoising step reached ("step", its index in the
     trajectory) and each micro-batch of the worker's life ("micro_batch", their count) before the
-    loop reads its signals: deterministic failure injection parks there (`runtime.faults`)."""
+    loop reads its signals: deterministic failure injection parks there (`worker.faults`)."""
 
     def __init__(self, client, compute: Compute, *, name: str | None = None, sink: GradientSink | None = None,
                  kinds: Sequence[RequestKind] | None = None, heartbeat_s: float = 5.0,
@@ -122,7 +122,7 @@ class WorkerLoop:
         """Lease and run until a signal ends the loop, or a pull leases nothing and ``idle()`` is
         True (a drain; it must answer alike on every rank of ``group``). Returns the counters.
         A failure in a group (a member died) abandons the group on the way out, so that every
-        other rank fails at once too (`runtime.sp_group`)."""
+        other rank fails at once too (`worker.sp_group`)."""
         self.signals.begin()
         self.group = group
         try:
