@@ -30,7 +30,7 @@ test: $(VENV)/.installed-dev,ocr
 # Every benchmark + benchmarks/results/REPORT.md (< 60 min on 2 cores); e.g. BENCH_ARGS="--smoke".
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-dev,ocr
-	SPOTLIGHT_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/spotlight bench all $(BENCH_ARGS)
+	SPOTLIGHT_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m benchmarks.suite $(BENCH_ARGS)
 
 # The tiny Spotlight ROLL recipe and its vanilla twin under ROLL, then `spotlight compare` (exit 1 when
 # Spotlight is worse beyond the tolerance). Needs ROLL installed (docs/roll.md): ROLL_PY is that
@@ -61,7 +61,7 @@ compare-roll:
 	$(if $(EMULATE),$(ROLL_PY) -m roll_spotlight.cli prompts ocr --out $(COMPARE_DIR)/prompts --train 4000 --test 200)
 	$(call roll_run,$(COMPARE_RECIPE))
 	$(call roll_run,$(COMPARE_RECIPE)_vanilla)
-	$(ROLL_PY) -m roll_spotlight.tools.compare $(COMPARE_DIR)/$(COMPARE_RECIPE) $(COMPARE_DIR)/$(COMPARE_RECIPE)_vanilla \
+	$(ROLL_PY) -m roll_spotlight.compare $(COMPARE_DIR)/$(COMPARE_RECIPE) $(COMPARE_DIR)/$(COMPARE_RECIPE)_vanilla \
 	  --out $(COMPARE_DIR)/report --fail-if-worse
 
 clean:

@@ -59,8 +59,8 @@ setup(
         "pillow>=9.0",
         "tqdm>=4.60",
         # user commands, not just tests: `spotlight quickstart`/`report` plot with matplotlib,
-        # `spotlight soak` samples memory with psutil, the real Qwen-Image path's text encoder
-        # comes from transformers
+        # `spotlight train --emulate` sizes its local raylets with psutil, the real Qwen-Image path's
+        # text encoder comes from transformers
         "matplotlib>=3.7",
         "psutil>=5.9",
         "transformers>=4.51",

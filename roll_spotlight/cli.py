@@ -155,17 +155,6 @@ def cmd_report(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    """Mechanism benchmarks; each prints JSON (measured on this machine)."""
-    import importlib
-
-    modules = {"planner": "roll_spotlight.tools.bench.planner_bench", "regroup": "roll_spotlight.tools.bench.regroup",
-               "emulate": "roll_spotlight.tools.bench.emulate", "all": "roll_spotlight.tools.bench.suite"}
-    if args.name not in modules:
-        raise ValueError(f"unknown benchmark {args.name!r}; known: {sorted(modules)}")
-    return importlib.import_module(modules[args.name]).main(args.rest)
-
-
 def cmd_prompts(args) -> int:
     """`spotlight prompts ocr --out DIR`: the shipped OCR prompt set, as train.txt and test.txt."""
     from roll_spotlight.tasks.ocr_prompts import write_ocr_prompts
@@ -209,12 +198,8 @@ def _add_trace_arg(p: argparse.ArgumentParser) -> None:
 # subcommands that parse their own options (and --help): name -> (module with `main(argv)`, summary)
 PASSTHROUGH = {
     "simulate": ("roll_spotlight.sim.run", "simulate time and cost per iteration for the four baselines"),
-    "replay": ("roll_spotlight.tools.replay", "replay a spot trace against the live runtime (measured)"),
-    "soak": ("roll_spotlight.tools.soak", "replay a spot trace for M minutes, repeating it (measured)"),
-    "cluster-soak": ("roll_spotlight.tools.cluster_soak",
-                     "a spot trace driving real raylets on this machine (measured)"),
     "notice-agent": ("roll_spotlight.cluster.notice_agent", "drain this Ray node on its cloud's preemption notice"),
-    "compare": ("roll_spotlight.tools.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
+    "compare": ("roll_spotlight.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
 }
 
 
@@ -251,11 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write RUN_DIR/report.md with PNG plots")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("bench", help="benchmarks: planner, regroup, emulate (the live system on emulated GPUs), "
-                                     "all (every benchmark + REPORT.md)")
-    p.add_argument("name")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_bench)
     for name, (_, summary) in PASSTHROUGH.items():  # listed in --help; `main` hands them their arguments
         sub.add_parser(name, help=summary, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     p = sub.add_parser("prompts", help="write a shipped prompt set: `prompts ocr --out DIR`")

@@ -300,7 +300,7 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
 
 
 def ray_cluster_config(placement: WorkerPlacement):
-    """How the run uses Ray (`config.cluster.RayClusterConfig`): its workers and SP degree."""
+    """How the run uses Ray (`config.ray_cluster.RayClusterConfig`): its workers and SP degree."""
     from roll_spotlight.runtime.ray_backend import RayClusterConfig
 
     return RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,

@@ -128,7 +128,7 @@ def test_missing_config_file_is_named(tmp_path, capsys):
 
 
 def test_malformed_trace_names_the_file_and_line(tmp_path, capsys):
-    from roll_spotlight.tools.soak import main as soak_main
+    from benchmarks.soak import main as soak_main
 
     trace = tmp_path / "trace.csv"
     trace.write_text("0,add,n1\n0,add,n2\n12x,remove,n1\n")
@@ -144,14 +144,14 @@ def test_malformed_trace_for_training_names_the_file_and_line(tmp_path, capsys):
 
 
 def test_missing_trace_file_is_named(tmp_path, capsys):
-    from roll_spotlight.tools.soak import main as soak_main
+    from benchmarks.soak import main as soak_main
 
     assert soak_main(["--trace", str(tmp_path / "gone.csv"), "--minutes", "0.01"]) == 2
     assert "gone.csv" in capsys.readouterr().err
 
 
 def test_negative_soak_minutes_names_the_option(capsys):
-    from roll_spotlight.tools.soak import main as soak_main
+    from benchmarks.soak import main as soak_main
 
     assert soak_main(["--minutes", "-1"]) == 2
     assert "--minutes" in capsys.readouterr().err

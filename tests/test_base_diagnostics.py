@@ -9,7 +9,7 @@ import torch
 
 from roll_spotlight.config.strict import load_config
 from roll_spotlight.models import build_policy
-from roll_spotlight.training import diagnostics as D
+import benchmarks.base_diagnostics as D
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.prompt_pools import task_vocab
 

@@ -1,4 +1,4 @@
-"""`spotlight bench all`: the CI-sized smoke run end to end, and the pure parts (headline, convergence
+"""`python -m benchmarks.suite`: the CI-sized smoke run end to end, and the pure parts (headline, convergence
 bookkeeping, report helpers) on hand-made inputs."""
 import json
 import sys
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roll_spotlight.tools.bench.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
-                                                   iterations_to_target, records_from_json, run_with_timeout)
-from roll_spotlight.tools.bench.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
-from roll_spotlight.tools.bench.plots import merge_intervals, plot_convergence
-from roll_spotlight.tools.bench.suite import parse_last_json
+from benchmarks.convergence import (RunRecord, choose_target, curve_from_metrics, estimate,
+                                    iterations_to_target, records_from_json, run_with_timeout)
+from benchmarks.headline import Ratio, headline, iterations_ratio, time_and_cost_to_target
+from benchmarks.plots import merge_intervals, plot_convergence
+from benchmarks.suite import parse_last_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,13 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------ smoke (CI-sized)
 @pytest.mark.slow
 def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
-    from roll_spotlight.cli import main
+    from benchmarks.suite import main
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("SPOTLIGHT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPOTLIGHT_THREADS", "1")
     out = tmp_path / "results"
-    assert main(["bench", "all", "--smoke", "--out", str(out)]) == 0
+    assert main(["--smoke", "--out", str(out)]) == 0
     report = (out / "REPORT.md").read_text()
     assert "SMOKE RUN" in report
     for label in ("MEASURED", "SIMULATED", "PAPER"):
@@ -101,7 +101,7 @@ def test_headline_products_targets_and_shortfall():
 
 
 def test_spot_training_rows_take_vanillas_iterations_and_spot_training_goals():
-    from roll_spotlight.tools.bench.headline import SPOT_TRAINING_GOALS, SYSTEMS, goal_rows
+    from benchmarks.headline import SPOT_TRAINING_GOALS, SYSTEMS, goal_rows
 
     def with_train(sim, t_time, t_cost, fair_time, fair_cost):
         sim["baselines"]["spotlight_train"] = {"time_per_iteration_s": t_time, "cost_per_iteration_usd": t_cost,
@@ -198,7 +198,7 @@ def test_estimate_is_a_lower_bound_when_censored_runs_reach_the_median():
 
 
 def test_exact_over_lower_bound_median_is_an_upper_bound_and_a_miss():
-    from roll_spotlight.tools.bench.report import _met_text, _shortfall_text
+    from benchmarks.report import _met_text, _shortfall_text
 
     vanilla = [_reached_at("vanilla", seed, hit) for seed, hit in enumerate([6, 10, 10, 10, None, None])]
     spotlight = [_reached_at("spotlight", seed, hit) for seed, hit in enumerate([6, 6, 10, None, None, None])]
@@ -288,7 +288,7 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
     """Each run gets what is left of the convergence budget; past the deadline a run is not started."""
     import time
 
-    from roll_spotlight.tools.bench import convergence
+    from benchmarks import convergence
 
     seen = []
     monkeypatch.setattr(convergence, "run_with_timeout",
@@ -302,7 +302,7 @@ def test_training_runs_share_one_deadline(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------ regroup figures
 def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
-    from roll_spotlight.tools.bench.regroup import _summary, layers_for, transformer_mb
+    from benchmarks.regroup import _summary, layers_for, transformer_mb
 
     assert layers_for(256.0) == 2 and abs(transformer_mb(2) - 315.5) < 1.0  # the bench's 316 MB transformer
     parts = {"leave_s": 0.02, "transfer_s": 0.01, "regroup_s": 0.02}
@@ -323,7 +323,7 @@ def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
 
 
 def test_report_lists_the_regroup_speedup_with_and_without_the_step():
-    from roll_spotlight.tools.bench.report import _mechanism_section
+    from benchmarks.report import _mechanism_section
 
     regroup = {"warm_regroup_median_s": 0.078, "cold_restart_median_s": 5.07, "speedup": 65.0,
                "sp_max_abs_diff": 4.8e-7, "speedup_including_step": 29.8, "definition": "time lost"}
@@ -336,7 +336,7 @@ def test_report_lists_the_regroup_speedup_with_and_without_the_step():
 
 
 def test_report_lists_the_planner_budget_and_ablation():
-    from roll_spotlight.tools.bench.report import _mechanism_section
+    from benchmarks.report import _mechanism_section
 
     planner = {"planner_over_uniform": 1.292, "planner_over_uniform_with_abandon": 1.127, "planner_over_oracle": 0.930,
                "planner_unscreened_over_oracle": 0.884, "decision_time_ms_per_pull": 0.269,
@@ -358,7 +358,7 @@ def test_report_lists_the_planner_budget_and_ablation():
 
 
 def test_report_mean_rank_skips_undefined_correlations():
-    from roll_spotlight.tools.bench.report import _mean_rank
+    from benchmarks.report import _mean_rank
 
     assert _mean_rank([]) == "-"
     assert _mean_rank([0.5, 0.7]) == "0.6000"
@@ -367,7 +367,7 @@ def test_report_mean_rank_skips_undefined_correlations():
 
 
 def test_cli_picks_convergence_settings_and_seeds():
-    from roll_spotlight.tools.bench.suite import build_parser, config_from_args
+    from benchmarks.suite import build_parser, config_from_args
 
     args = build_parser().parse_args(["--convergence-settings", "vanilla", "spotlight", "vanilla",
                                       "--convergence-seeds", "3", "4"])
@@ -387,7 +387,7 @@ def _saved(setting_seeds, overrides=("max_steps=10",)):
 
 
 def test_saved_convergence_results_merge_into_one_study(tmp_path):
-    from roll_spotlight.tools.bench.suite import SuiteConfig, _convergence, build_parser, config_from_args
+    from benchmarks.suite import SuiteConfig, _convergence, build_parser, config_from_args
 
     a, b = tmp_path / "seeds012.json", tmp_path / "seeds3.json"
     a.write_text(json.dumps(_saved([("vanilla", 0), ("spotlight", 0), ("vanilla", 1), ("spotlight", 1)])))
@@ -404,7 +404,7 @@ def test_saved_convergence_results_merge_into_one_study(tmp_path):
 
 
 def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
-    from roll_spotlight.tools.bench.suite import merge_saved_runs
+    from benchmarks.suite import merge_saved_runs
 
     one = _saved([("vanilla", 0)])
     with pytest.raises(ValueError, match="vanilla seed 0 is in both a.json and b.json"):
@@ -417,7 +417,7 @@ def test_merging_refuses_repeated_runs_and_other_overrides(tmp_path):
 
 
 def test_paired_gain_uses_common_validations_of_the_same_seeds():
-    from roll_spotlight.tools.bench.convergence import paired_gain, summarize
+    from benchmarks.convergence import paired_gain, summarize
 
     def rec(setting, seed, values, step=2):
         return RunRecord(setting, seed, "finished", 1.0,
@@ -441,8 +441,8 @@ def test_paired_gain_uses_common_validations_of_the_same_seeds():
 
 
 def test_report_shows_the_paired_differences():
-    from roll_spotlight.tools.bench.convergence import summarize
-    from roll_spotlight.tools.bench.report import _convergence_section
+    from benchmarks.convergence import summarize
+    from benchmarks.report import _convergence_section
 
     records = [RunRecord(s, seed, "finished", 1.0, [{"iteration": 0, "val_reward": 0.5},
                                                     {"iteration": 2, "val_reward": v}])
@@ -463,7 +463,7 @@ def _fair_sim(ondemand, spot, v_time, s_time, f_time, cost=10.0):
 
 
 def test_headline_has_both_vanillas_and_keeps_censored_medians_apart():
-    from roll_spotlight.tools.bench.headline import iterations_note
+    from benchmarks.headline import iterations_note
 
     sims = {512: _fair_sim(4, 8, 300.0, 150.0, 240.0)}
     exact = headline({"vanilla": _est(30), "spotlight": _est(10)}, sims, shape="paper")
@@ -490,7 +490,7 @@ def test_headline_has_both_vanillas_and_keeps_censored_medians_apart():
 
 def test_report_lists_both_shapes_both_vanillas_and_the_budget():
     from roll_spotlight.sim.run import simulate
-    from roll_spotlight.tools.bench.report import _budget_section, _headline_section, _shapes, _to_target_section
+    from benchmarks.report import _budget_section, _headline_section, _shapes, _to_target_section
 
     tiny = {"prompts_per_iteration": 4, "group_size": 4}
 
@@ -530,7 +530,7 @@ def test_report_lists_both_shapes_both_vanillas_and_the_budget():
 
 
 def test_saved_studies_merge_seed_files_and_mark_the_headline(tmp_path):
-    from roll_spotlight.tools.bench.suite import saved_studies
+    from benchmarks.suite import saved_studies
 
     (tmp_path / "convergence.json").write_text(json.dumps(_saved([("vanilla", 0), ("spotlight", 0)])))
     (tmp_path / "convergence_seeds12.json").write_text(json.dumps(_saved([("vanilla", 1), ("spotlight", 1)])))
@@ -545,7 +545,7 @@ def test_saved_studies_merge_seed_files_and_mark_the_headline(tmp_path):
 
 
 def test_mechanism_results_are_reused_and_named(tmp_path):
-    from roll_spotlight.tools.bench.suite import build_parser, config_from_args, saved_mechanisms
+    from benchmarks.suite import build_parser, config_from_args, saved_mechanisms
 
     saved = tmp_path / "bench_all.json"
     saved.write_text(json.dumps({"mechanisms": {"planner": {"planner_over_oracle": 0.93},

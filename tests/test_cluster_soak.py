@@ -1,4 +1,4 @@
-"""The local multi-node cluster harness and `spotlight cluster-soak`.
+"""The local multi-node cluster harness and `python -m benchmarks.cluster_soak`.
 
 Tier 1: the capacity check, bad input (exit 2 naming the flag before anything starts) and the
 trace driver against a fake cluster. Tier 3 (`ray`, `slow`, about a minute and a half): a real
@@ -18,7 +18,7 @@ import pytest
 from roll_spotlight.spot import EventList, NodeEvent, Trace
 from roll_spotlight.worker.faults import FaultPlan
 from roll_spotlight.spot.market import MarketConfig, SpotMarket
-from roll_spotlight.tools.cluster_soak import DEFAULTS, check_machine, main, run_cluster_soak
+from benchmarks.cluster_soak import DEFAULTS, check_machine, main, run_cluster_soak
 from roll_spotlight.cluster.local_cluster import HEAD_MB, ClusterTraceDriver, check_capacity, node_memory_mb
 
 
@@ -41,7 +41,7 @@ def test_too_many_nodes_is_one_line_exit_2_before_anything_starts(capsys):
     ps_before = _my_ray_processes()
     assert main(["--nodes", "100000", "--gpus-per-node", "2", "--minutes", "0.1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("spotlight cluster-soak: --nodes 100000")
+    assert err.count("\n") == 0 and err.startswith("python -m benchmarks.cluster_soak: --nodes 100000")
     assert _my_ray_processes() == ps_before, "nothing may start before the check"
 
 

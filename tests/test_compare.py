@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from roll_spotlight.tools import compare as C
+from roll_spotlight import compare as C
 
 TASK = {"name": "shapes", "val_prompts": 4}
 

@@ -93,7 +93,7 @@ def test_the_recipes_shape_reaches_the_cost_model(prompts):
 
 def test_the_simulator_and_the_emulated_workers_model_one_workload(prompts):
     from roll_spotlight.sim.workload import Workload
-    from roll_spotlight.tools.bench.emulate import ROWS, EmulateBenchConfig, row_cost_model
+    from benchmarks.emulate import ROWS, EmulateBenchConfig, row_cost_model
 
     for row in ROWS:
         workload = workload_of(recipe(prompts, f"model.image_size={row.resolution}"))
@@ -106,7 +106,7 @@ def test_the_simulator_and_the_emulated_workers_model_one_workload(prompts):
 def test_the_bench_window_starts_with_a_full_fleet_and_holds_a_notice_then_a_preemption():
     from roll_spotlight.spot.market import EventKind, MarketConfig, SpotMarket
     from roll_spotlight.spot.traces import load_trace, traces_root
-    from roll_spotlight.tools.bench.emulate import GPUS_PER_SPOT_NODE, ROWS, TRACE, EmulateBenchConfig, trace_window
+    from benchmarks.emulate import GPUS_PER_SPOT_NODE, ROWS, TRACE, EmulateBenchConfig, trace_window
 
     trace, row = load_trace(traces_root() / TRACE), ROWS[0]
     start = trace_window(trace, row, EmulateBenchConfig())
@@ -141,7 +141,7 @@ def test_capacity_counts_each_worker_process_at_its_host_size():
     """A ROLL host's workers are larger processes than the runtime's actors: the same count that
     fits as actors may not fit as ROLL workers, and the error says how many spot nodes would."""
     from roll_spotlight.spot_pool.emulated_nodes import (EMULATED_WORKER_MB, HEAD_MB, NODE_BASE_MB, ROLL_WORKER_MB,
-                                                       check_capacity)
+                                                         check_capacity)
 
     available = HEAD_MB + 12 * EMULATED_WORKER_MB + 2 * (NODE_BASE_MB + EMULATED_WORKER_MB)
     check_capacity((12, 2), 1, available)  # fits exactly as runtime actors
@@ -169,8 +169,8 @@ def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, 
     assert all(r["train/micro_batches"] == 8 and r["emulated/mismatched_outputs"] == 0 for r in rows)
     assert last["spot/duplicate_completions"] == 0 and last["spot/requests_failed"] == 0
     assert last["cost/bill_scale"] == 4.0
-    # what `spotlight bench emulate` reads of a run: scaled-back times, the control plane's shares
-    from roll_spotlight.tools.bench.emulate import Row, figures
+    # what `python -m benchmarks.emulate` reads of a run: scaled-back times, the control plane's shares
+    from benchmarks.emulate import Row, figures
 
     fig = figures(run_dir, Row("2+2 512", 2, 2, 512, 1, 4.0), "spotlight_train")
     steady = [r["iteration_s"] * 4.0 for r in rows[1:]]

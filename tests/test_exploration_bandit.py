@@ -16,7 +16,7 @@ from roll_spotlight.exploration import (
 )
 from roll_spotlight.exploration.bandit import _two_values, seed_stream
 from roll_spotlight.exploration.select import max_variance
-from roll_spotlight.exploration.synthetic import Bernoulli, BetaReward, ConstantReward
+from benchmarks.synthetic_prompts import Bernoulli, BetaReward, ConstantReward
 from roll_spotlight.exploration.value import (
     beta_binomial_pmf,
     binary_lookahead_gains,

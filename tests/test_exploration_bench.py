@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from roll_spotlight.tools.bench.planner_bench import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
-from roll_spotlight.exploration.synthetic import Bernoulli, Bimodal, BetaReward, ConstantReward, random_prompt_set, reward_of
+from benchmarks.planner_bench import METHODS, SWEEP_KEYS, SWEEP_METHODS, main, run_budget_sweep, run_planner_bench
+from benchmarks.synthetic_prompts import Bernoulli, Bimodal, BetaReward, ConstantReward, random_prompt_set, reward_of
 
 
 def test_small_bench_returns_the_keys():
@@ -63,7 +63,7 @@ def test_main_prints_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["setup"]["seeds"] == 1 and "planner_over_uniform" in out
     assert list(out)[:3] == ["kind", "command", "note"]
-    assert out["command"] == ("spotlight bench planner --seeds 1 --n-prompts 6 --group-size 4 --budget-pulls 12 "
+    assert out["command"] == ("python -m benchmarks.planner_bench --seeds 1 --n-prompts 6 --group-size 4 --budget-pulls 12 "
                               "--workers 2 --preempted-workers 0 --json")
     assert "6.4 seeds per prompt" in out["note"]
     assert "next_pull" in out["decision_time_note"] and out["machine"]["cpu_count"] >= 1
@@ -134,7 +134,7 @@ def test_main_first_seed(capsys):
 
 
 def test_decision_time_note_says_when_the_machine_was_shared():
-    from roll_spotlight.tools.bench.planner_bench import _decision_time_note
+    from benchmarks.planner_bench import _decision_time_note
 
     busy = _decision_time_note({"cpu_count": 2, "load_average_before": [1.9, 1.8, 1.7]})
     quiet = _decision_time_note({"cpu_count": 2, "load_average_before": [0.1, 0.2, 0.2]})

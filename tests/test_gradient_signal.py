@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from roll_spotlight.tools.gradient_signal import agreement, by_parameter, flatten, measure
+from benchmarks.gradient_signal import agreement, by_parameter, flatten, measure
 from tests.runtime_helpers import random_policy, tiny_config
 from tests.test_grpo_dp import CFG, _problem
 

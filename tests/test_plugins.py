@@ -158,7 +158,7 @@ def _setup_install_requires() -> list[str]:
 
 def test_packages_of_user_commands_are_install_requirements_not_dev_extras() -> None:
     """`make quickstart` installs only the `ocr` extra: what `spotlight quickstart`/`report`
-    (matplotlib), `spotlight soak` (psutil) and the real-model path (transformers) import must
+    (matplotlib), `spotlight train --emulate` (psutil) and the real-model path (transformers) import must
     come with the package itself."""
     names = {req.split(">")[0].split("=")[0].split("<")[0].strip() for req in _setup_install_requires()}
     assert {"matplotlib", "psutil", "transformers"} <= names, names

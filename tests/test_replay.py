@@ -1,4 +1,4 @@
-"""`spotlight replay`: window choice, notice defaults, argument handling (tier 1) and a few-second
+"""`python -m benchmarks.replay`: window choice, notice defaults, argument handling (tier 1) and a few-second
 live replay on Ray checked bit for bit (tier 3)."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from roll_spotlight.config.cluster import TraceRunConfig
+from benchmarks.replay import TraceRunConfig
 from roll_spotlight.spot import EventKind, EventList, NodeEvent, Trace
-from roll_spotlight.tools.replay import (
+from benchmarks.replay import (
     MIN_NOTICE_S,
     RequestStream,
     build_market,
@@ -72,7 +72,7 @@ def test_arguments_become_a_validated_config():
 
 def test_bad_input_exits_2(capsys):
     assert main(["--trace", "/nonexistent/trace.csv", "--duration", "1"]) == 2
-    assert "spotlight replay" in capsys.readouterr().err
+    assert "python -m benchmarks.replay" in capsys.readouterr().err
 
 
 def test_request_stream_is_deterministic_and_distinct():

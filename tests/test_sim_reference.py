@@ -2,8 +2,8 @@
 import pytest
 
 from roll_spotlight.sim.costmodel import CONSTANTS, CostModel
-from roll_spotlight.sim.reference import (TOLERANCE, VERL_OMNI_LORA, calibrate_mfus, reference_model,
-                                          simulated_step_s)
+from benchmarks.sim_reference import (TOLERANCE, VERL_OMNI_LORA, calibrate_mfus, reference_model,
+                                      simulated_step_s)
 
 
 def test_the_simulated_vanilla_is_within_15_percent_of_the_published_step():

@@ -1,4 +1,4 @@
-"""`spotlight soak`: trace tiling and the memory sampler (tier 1), and a few-second soak on the
+"""`python -m benchmarks.soak`: trace tiling and the memory sampler (tier 1), and a few-second soak on the
 live Ray runtime that must lose, duplicate and mismatch nothing (tier 3)."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from roll_spotlight.spot import EventList, NodeEvent, Trace
-from roll_spotlight.config.cluster import TraceRunConfig
-from roll_spotlight.tools.soak import DEFAULTS, RssSampler, laps_needed, main, tile_trace
+from benchmarks.replay import TraceRunConfig
+from benchmarks.soak import DEFAULTS, RssSampler, laps_needed, main, tile_trace
 from roll_spotlight.spot.traces import CountSeries
 
 
@@ -65,7 +65,7 @@ def test_rss_sampler_sees_this_process():
 
 
 def test_config_names_the_bad_option():
-    from roll_spotlight.tools.soak import build_parser, config_from_args
+    from benchmarks.soak import build_parser, config_from_args
 
     with pytest.raises(ValueError, match="--speedup"):
         config_from_args(build_parser().parse_args(["--speedup", "0"]))
@@ -92,7 +92,7 @@ def test_few_second_soak_loses_nothing_and_reports_memory(capsys):
 
 
 def test_count_model_reaches_the_config_and_market_only_counts_preemptions(tmp_path, capsys):
-    from roll_spotlight.tools.soak import build_parser, config_from_args
+    from benchmarks.soak import build_parser, config_from_args
 
     cfg = config_from_args(build_parser().parse_args(["--count-model", "capacity"]))
     assert cfg.count_model == "capacity" and cfg.duration_s == DEFAULTS.duration_s == 60.0

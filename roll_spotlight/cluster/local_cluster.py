@@ -26,7 +26,7 @@ substitution switched off: every node and its workers use 127.0.0.1 (docs/securi
 command works with ROLL's Ray 2.48 and with Ray 2.60.
 
 Deliberately not here: the market (``spot.market``), the pool that follows the nodes
-(``spot_pool.ray_nodes.RayNodeWatcher``) and the replay loop (``tools.replay``).
+(``spot_pool.ray_nodes.RayNodeWatcher``) and the replay loop (``benchmarks.replay``).
 """
 from __future__ import annotations
 

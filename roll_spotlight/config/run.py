@@ -201,7 +201,7 @@ class ExplorationConfig:
     planner's first looks at a prompt that small until its rewards differ or
     `min_seeds_before_abandon` equal ones abandon it (`PlannerConfig.screen_seeds`); 0, the default
     here, is what the tiny-task convergence studies ran: prompts are not replaced in this runtime, so
-    the screening gain measured by `spotlight bench planner` (with replacement) does not carry over.
+    the screening gain measured by `python -m benchmarks.planner_bench` (with replacement) does not carry over.
 
     `selection`: which `group_size` of a prompt's explored seeds are trained on: "max_variance" (the
     subset of largest reward variance) or "top_bottom" (the top ceil(k/2) and bottom floor(k/2)
@@ -268,7 +268,7 @@ class SpotConfig:
     planner places them and re-form from the survivors after a preemption (`elastic.groups`). A market replays `trace` (null: the synthetic market
     whose parameters come from the shipped traces, `roll_spotlight.spot.synthetic`, seeded by `seed`)
     from `start_s` trace seconds on, `compression` times faster than real time (the `--speedup` of
-    `spotlight replay`). A worker told of a preemption, `notice_s` wall seconds ahead (null: the
+    `python -m benchmarks.replay`). A worker told of a preemption, `notice_s` wall seconds ahead (null: the
     provider's notice / compression, at least 2 s), finishes its denoising step and commits it to the
     queue; another worker resumes it, bit for bit. `commit_every` > 0 also checkpoints every k steps,
     bounding what a kill without notice loses. Prices (USD per GPU-hour) default to the trace's GPU

@@ -24,7 +24,7 @@ Invariants: every donor's density is normalised over the bins; ``_pool_smoothed`
 donor rows; rows are rebuilt from the raw rewards whenever the reward range grows, so the bins always
 cover every observed reward. The range grows with a margin to keep rebuilds rare.
 
-Measured (``spotlight bench planner``, method ``planner_population``): on the synthetic mix it is
+Measured (``python -m benchmarks.planner_bench``, method ``planner_population``): on the synthetic mix it is
 within noise of the pooled posterior at about twice the decision time, so it is opt-in
 (``PlannerConfig.posterior = "population"``). It picks a donor per hypothetical reward; picking one
 per Monte Carlo row with these likelihood weights (tempering 0.5 to 1, no donor shrinkage) was
@@ -73,7 +73,7 @@ class DonorPool:
     prompt, abandoned ones included, is one sample of the prompt population) and resamples that
     row's base draws from that donor's rewards only, so the mixture over rows says which kind of
     prompt this may be and, given the kind, the draws are i.i.d. A constant donor gives a constant
-    row. Measured on tuning seeds 100..139 (``spotlight bench planner --first-seed 100 --seeds
+    row. Measured on tuning seeds 100..139 (``python -m benchmarks.planner_bench --first-seed 100 --seeds
     40``): +1.4% selected variance at 8 explored seeds per prompt, +1% at 12, unchanged at 4, 6.4
     and 24; the same uniform-over-prompts donors drawn per reward instead of per row gain nothing,
     so keeping a row to one donor is what matters.

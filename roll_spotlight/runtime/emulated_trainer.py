@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from roll_spotlight.worker.emulated import (STAND_IN_PARAM, STAND_IN_WIDTH, EmulatedCompute, Emulation, mismatched,
-                                           read_stand_in_image)
+                                            read_stand_in_image)
 
 
 class EmulatedTrainerCore:
@@ -128,7 +128,7 @@ def StandInPolicy():
 
 def stand_in_reward(run_seed: int, key: int, seed: int, version: int) -> float:
     """The simulator's synthetic reward of (prompt key, seed, weight version), no prompt all-equal."""
-    from roll_spotlight.sim.rewards import SyntheticRewardConfig, SyntheticRewards
+    from roll_spotlight.sim.synthetic_rewards import SyntheticRewardConfig, SyntheticRewards
 
     return SyntheticRewards(run_seed, SyntheticRewardConfig(zero_variance_fraction=0.0)).reward(key, seed, version)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from roll_spotlight.config.cluster import RayClusterConfig
+from roll_spotlight.config.ray_cluster import RayClusterConfig
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.driver_node import on_driver_node
 from roll_spotlight.loopback import set_loopback_env

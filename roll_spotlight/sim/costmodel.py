@@ -23,7 +23,7 @@ calibratable with measured regroup times) and derives phase times from them:
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-The MFUs are calibrated (``sim.reference``): the simulator's vanilla on verl-omni's published
+The MFUs are calibrated (``benchmarks.sim_reference``): the simulator's vanilla on verl-omni's published
 Qwen-Image LoRA run (4 x H800, 420 s per step) reproduces that step time. The reference publishes no
 split between generation and training, so the ratio of ``train_mfu`` to ``rollout_mfu`` stays an
 assumption. ``with_gpu(name)`` swaps the datasheet figures of another GPU (``sim.gpus``) and keeps
@@ -51,7 +51,7 @@ SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransforme
 VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
 SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
                          "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
-# rollout_mfu as sim.reference.calibrate_mfus derives it from the published run (a test pins it);
+# rollout_mfu as benchmarks.sim_reference.calibrate_mfus derives it from the published run (a test pins it);
 # train_mfu at the assumed 0.30 / 0.40 of it: the run publishes no split.
 ASSUMED_TRAIN_TO_ROLLOUT_MFU = 0.75
 CALIBRATED_ROLLOUT_MFU = 0.249
@@ -83,7 +83,7 @@ CONSTANTS: dict[str, Constant] = {
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
     "rollout_mfu": Constant(CALIBRATED_ROLLOUT_MFU, "fraction of peak",
                             f"calibrated: {SOURCE_VERL_OMNI_PERF}; with it (and train_mfu = 0.75 x it) the "
-                            "simulator's vanilla of that run (sim.reference) takes the published 420 s. An "
+                            "simulator's vanilla of that run (benchmarks.sim_reference) takes the published 420 s. An "
                             "effective figure, absorbing that stack's overheads (parameter offload, engine "
                             "sleep/wake); applied to every GPU's peak (assumption: the same fraction)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",

@@ -4,7 +4,7 @@ A :class:`GpuSpec` holds the dense BF16 peak (what an MFU multiplies), the memor
 plan must fit, read as GiB like ``model.gpu_memory_gb``) and the intra-node GPU-to-GPU bandwidth
 (what a peer weight copy or an SP group's gradient sum crosses), each from the vendor's datasheet.
 ``CostModel.with_gpu(name)`` applies one; the MFUs stay the ones calibrated on H800
-(``sim.reference``), which is an assumption for the other GPUs: the same software stack reaching
+(``benchmarks.sim_reference``), which is an assumption for the other GPUs: the same software stack reaching
 the same fraction of a different peak.
 """
 from __future__ import annotations

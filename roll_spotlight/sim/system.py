@@ -43,7 +43,7 @@ from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Tr
 from roll_spotlight.sim.cluster import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.engine import PRIORITY_MARKET, EventHandle, EventLoop
-from roll_spotlight.sim.rewards import SyntheticRewards
+from roll_spotlight.sim.synthetic_rewards import SyntheticRewards
 from roll_spotlight.sim.spotfeed import SpotFeed
 from roll_spotlight.sim.update_model import QueueTrainer, TrainRun
 from roll_spotlight.spot.ledger import CostLedger

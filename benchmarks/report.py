@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from roll_spotlight.sim.baselines import BASELINES
-from roll_spotlight.tools.bench import plots
-from roll_spotlight.tools.bench.headline import (BASELINE_LABELS, SYSTEM_LABELS, SYSTEMS,
-                                                HeadlineRow, ceilings, goal_rows, headline, iterations_note,
-                                                time_and_cost_to_target)
-from roll_spotlight.tools.bench.paper import PAPER_CLAIMS, paper_text
+from benchmarks import plots
+from benchmarks.headline import (BASELINE_LABELS, SYSTEM_LABELS, SYSTEMS,
+                                 HeadlineRow, ceilings, goal_rows, headline, iterations_note,
+                                 time_and_cost_to_target)
+from benchmarks.paper import PAPER_CLAIMS, paper_text
 
 _PAPER_KEY = {"time": "time_to_target", "cost": "cost_to_target"}
 
@@ -111,7 +111,7 @@ def _header(result) -> str:
             "Every number is labelled: **MEASURED** (on this machine: mechanism benchmarks, learning on the "
             "tiny task on CPU), **SIMULATED** (cluster time and cost from the cost model and a real spot "
             "trace; every constant names its source, see the table near the end), **EMULATED** (the live system "
-            "on this machine, every compute phase waiting the cost model's duration: `spotlight bench emulate`), "
+            "on this machine, every compute phase waiting the cost model's duration: `python -m benchmarks.emulate`), "
             f"or **PAPER** (the figures of the Spotlight abstract, {PAPER_CLAIMS['time_to_target'].source}; only "
             "the abstract is public).")
 
@@ -563,7 +563,7 @@ def _emulated_section(result) -> str:
     emu = result.get("emulated")
     if not emu or not emu.get("rows"):
         return ""
-    lines = [f"## The live system on emulated GPUs (EMULATED, `spotlight bench emulate`, {emu['gpu']})", "",
+    lines = [f"## The live system on emulated GPUs (EMULATED, `python -m benchmarks.emulate`, {emu['gpu']})", "",
              "Real queue, workers, trainer, spot pool and notice bridge on this machine; spot nodes are raylets "
              f"that one window of `{emu['trace']}` starts, drains and kills; every compute phase waits the cost "
              "model's duration divided by the row's time-scale; times are scaled back. Per iteration: iterations "

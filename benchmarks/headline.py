@@ -46,7 +46,7 @@ SYSTEM_LABELS = {"naive_spot": "naive spot (rollouts only)", "spotlight": "Spotl
 def setting_of(baseline: str) -> str | None:
     """The measured setting whose iterations ``baseline`` takes (convergence.SETTING_OF_BASELINE; every
     fair-cost vanilla runs vanilla's algorithm on more GPUs: vanilla's)."""
-    from roll_spotlight.tools.bench.convergence import SETTING_OF_BASELINE
+    from benchmarks.convergence import SETTING_OF_BASELINE
 
     if baseline.startswith(FAIR_COST_BASELINE):
         return "vanilla"

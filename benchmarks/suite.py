@@ -1,4 +1,4 @@
-"""``spotlight bench all`` (and ``make bench``): every benchmark, then ``REPORT.md`` with its figures.
+"""``python -m benchmarks.suite`` (and ``make bench``): every benchmark, then ``REPORT.md`` with its figures.
 
 Order (one table of contents, :func:`run_suite`):
 
@@ -10,12 +10,12 @@ Order (one table of contents, :func:`run_suite`):
    spot-heavy one (``--spot-heavy-shape``, 2 + 14), each with every spot system's fair-cost vanilla
    (``sim.budget``) and the exploration budget the shape affords;
 3. the convergence benchmark on the tiny task under a wall-clock budget (or a saved result of
-   ``benchmarks/convergence.py`` via ``--convergence-json``), and the iterations ratio of every
+   ``python -m benchmarks.convergence`` via ``--convergence-json``), and the iterations ratio of every
    saved convergence study in ``benchmarks/results`` (:func:`saved_studies`);
 4. the headline (measured iterations x simulated per-iteration time and cost), figures and report.
 
 Regenerating the report without new measurements (one thread, about a minute of simulation):
-``spotlight bench all --convergence-json FILE... --mechanisms-json benchmarks/results/bench_all.json``
+``python -m benchmarks.suite --convergence-json FILE... --mechanisms-json benchmarks/results/bench_all.json``
 reuses the saved convergence runs and mechanism results; ``make bench`` with no arguments still
 runs everything.
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from roll_spotlight.tools.bench.convergence import (SETTINGS, SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
-                                                   run_convergence, summarize, choose_target)
+from benchmarks.convergence import (SETTINGS, SMOKE_OVERRIDES, ConvergenceConfig, records_from_json,
+                                    run_convergence, summarize, choose_target)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    """What ``spotlight bench all`` runs; ``smoke()`` and ``full()`` are the two presets."""
+    """What ``python -m benchmarks.suite`` runs; ``smoke()`` and ``full()`` are the two presets."""
 
     out_dir: Path = Path("benchmarks/results")
     smoke: bool = False
@@ -86,7 +86,7 @@ class SuiteConfig:
     other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE, SPOT_HEAVY_SHAPE)
     fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.budget) in every shape
     mechanisms_json: Path | None = None          # reuse the mechanism results of a saved bench_all.json
-    emulate_json: Path | None = None             # reuse a saved `spotlight bench emulate` result (EMULATED rows)
+    emulate_json: Path | None = None             # reuse a saved `python -m benchmarks.emulate` result (EMULATED rows)
     emulate: bool = True                         # else run it (about 30 min); never in a smoke run
     studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
     rank_vs_steps_json: Path | None = RANK_VS_STEPS_JSON  # the cheap-exploration study, quoted in the report
@@ -131,7 +131,7 @@ class Stage:
 # ================================================================ composition root
 def run_suite(cfg: SuiteConfig) -> dict:
     """Run every part, write ``bench_all.json``, the figures and ``REPORT.md`` under ``cfg.out_dir``."""
-    from roll_spotlight.tools.bench.report import write_report
+    from benchmarks.report import write_report
 
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     stages: list[Stage] = []
@@ -158,10 +158,10 @@ def run_suite(cfg: SuiteConfig) -> dict:
 
 
 def _emulated(cfg: SuiteConfig) -> dict:
-    """`spotlight bench emulate`'s result: a saved one, or a fresh run."""
+    """`python -m benchmarks.emulate`'s result: a saved one, or a fresh run."""
     if cfg.emulate_json is not None:
         return json.loads(Path(cfg.emulate_json).read_text())
-    from roll_spotlight.tools.bench.emulate import EmulateBenchConfig, run_bench
+    from benchmarks.emulate import EmulateBenchConfig, run_bench
 
     result = run_bench(EmulateBenchConfig())
     (cfg.out_dir / "emulate.json").write_text(json.dumps(result, indent=1))
@@ -189,7 +189,8 @@ def _stage(stages: list[Stage], name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _command_line() -> str:
-    return "spotlight bench all " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "all"] else "run_suite()"
+    ran_as_main = Path(sys.argv[0]).resolve() == Path(__file__).resolve()
+    return "python -m benchmarks.suite " + " ".join(sys.argv[1:]) if ran_as_main else "run_suite()"
 
 
 def _config_dict(cfg: SuiteConfig) -> dict:
@@ -221,14 +222,15 @@ def saved_mechanisms(path: Path) -> dict[str, dict]:
 
 def _mechanism(name: str, cfg: SuiteConfig) -> dict:
     if name == "planner":
-        from roll_spotlight.tools.bench.planner_bench import run_planner_bench
+        from benchmarks.planner_bench import run_planner_bench
 
         if cfg.smoke:
             return run_planner_bench(seeds=cfg.planner_seeds, n_prompts=8, group_size=4, workers=4)
         return run_planner_bench(seeds=cfg.planner_seeds)
     if name == "regroup":
-        return _json_subprocess([sys.executable, "-m", "roll_spotlight.cli", "bench", "regroup", "--json",
-                                 "--repeats", str(cfg.regroup_repeats)], cfg.subprocess_timeout_s)
+        return _json_subprocess([sys.executable, "-m", "benchmarks.regroup", "--json",
+                                 "--repeats", str(cfg.regroup_repeats)], cfg.subprocess_timeout_s,
+                                cwd=cfg.convergence.repo_root)
     if name == "queue":
         script = cfg.convergence.repo_root / "benchmarks" / "queue_throughput.py"
         if not script.is_file():
@@ -237,10 +239,10 @@ def _mechanism(name: str, cfg: SuiteConfig) -> dict:
     raise ValueError(f"unknown mechanism benchmark {name!r}; known {list(MECHANISMS)}")
 
 
-def _json_subprocess(cmd: Sequence[str], timeout_s: float) -> dict:
+def _json_subprocess(cmd: Sequence[str], timeout_s: float, cwd: Path | None = None) -> dict:
     """Run a benchmark that prints JSON; returns the last JSON object it printed."""
     env = {**os.environ, "SPOTLIGHT_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env)
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[1:4])} exited {proc.returncode}: {proc.stderr[-1500:]}")
     return parse_last_json(proc.stdout)
@@ -279,7 +281,7 @@ def _calibrated_cost(cfg: SuiteConfig, regroup: Mapping[str, Any] | None):
     if parts.get("regroup_s"):
         when = f"reused from {regroup['reused_from']}" if regroup.get("reused_from") else "this run"
         cost = cost.calibrate({"warm_regroup_s": float(parts["regroup_s"])},
-                              note=f"spotlight bench regroup, gloo on CPU ({when})")
+                              note=f"python -m benchmarks.regroup, gloo on CPU ({when})")
     return cost
 
 
@@ -346,7 +348,7 @@ def saved_studies(folder: Path, headline_files: Sequence[Path] = ()) -> list[dic
     """
     import re
 
-    from roll_spotlight.tools.bench.headline import censored_medians, iterations_note, iterations_ratio
+    from benchmarks.headline import censored_medians, iterations_note, iterations_ratio
 
     groups: dict[str, list[Path]] = {}
     for path in sorted(Path(folder).glob("convergence*.json")):
@@ -415,7 +417,7 @@ def merge_saved_runs(paths: Sequence[Path], payloads: Sequence[Mapping[str, Any]
 
 # ================================================================ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spotlight bench all", description=(
+    p = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=(
         "Run the mechanism benchmarks, the simulator and the convergence benchmark; write REPORT.md "
         "with PNG figures (each labelled MEASURED, SIMULATED or PAPER)."))
     p.add_argument("--smoke", action="store_true", help="CI-sized run (< 60 s); writes under benchmarks/results/smoke")
@@ -430,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spot-heavy-shape", type=int, nargs=2, default=None, metavar=("ONDEMAND", "SPOT"),
                    help="third simulated cluster shape, mostly spot GPUs (default 2 on-demand + 14 spot)")
     p.add_argument("--emulate-json", type=Path, default=None,
-                   help="reuse a saved `spotlight bench emulate` JSON (benchmarks/results/emulate.json)")
+                   help="reuse a saved `python -m benchmarks.emulate` JSON (benchmarks/results/emulate.json)")
     p.add_argument("--mechanisms-json", type=Path, default=None,
                    help="reuse the mechanism results of a saved bench_all.json instead of measuring them again "
                         "(those it lacks are run)")
@@ -445,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=None,
                    help="validation reward to reach (default: vanilla's final validation reward)")
     p.add_argument("--convergence-json", type=Path, nargs="+", default=None,
-                   help="use saved convergence results (benchmarks/convergence.py or bench all output) instead of "
+                   help="use saved convergence results (python -m benchmarks.convergence or the suite's output) instead of "
                         "running; several files (e.g. seeds 0-2 and 3-5) are merged into one study")
     return p
 

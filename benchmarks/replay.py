@@ -1,4 +1,4 @@
-"""`spotlight replay`: the live Ray runtime under a spot trace's preemptions, checked bit for bit.
+"""`python -m benchmarks.replay`: the live Ray runtime under a spot trace's preemptions, checked bit for bit.
 
     trace --SpotMarket(cap, window, speedup)--> ElasticSpotPool --start/notify/kill--> spot RolloutWorkers
                                                                                         + 1 on-demand worker
@@ -46,7 +46,7 @@ NODE_DOWN, the on-demand worker for the whole replay.
 
 Local only: the policy file is written to a temporary directory every worker reads.
 
-The options are `roll_spotlight.config.cluster.TraceRunConfig`, which soak and cluster-soak share;
+The options are `TraceRunConfig`, which soak and cluster-soak share;
 `add_arguments` and `config_from_args` are their one command line.
 """
 from __future__ import annotations
@@ -65,11 +65,12 @@ from pathlib import Path
 
 import numpy as np
 
-from roll_spotlight.config.cluster import TraceRunConfig
-from roll_spotlight.checks import require_number
+from roll_spotlight.checks import require, require_choice, require_int, require_number
+from roll_spotlight.config.ray_cluster import RayClusterConfig
 from roll_spotlight.models.config import ModelConfig
 from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
                                         MarketConfig, SpotMarket)
+from roll_spotlight.spot.notices import PROVIDERS
 from roll_spotlight.spot.traces import Trace, load_trace
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,78 @@ AUTO_LEAD_S = 600.0
 TINY_MODEL = ModelConfig(image_size=16, num_layers=1, attention_head_dim=16, axes_dims_rope=(4, 6, 6),
                          joint_attention_dim=32)
 ONDEMAND_WORKER = "ondemand-0"
+
+
+# the fields whose flag is not "--" + the name with dashes
+FLAGS = {"duration_s": "--duration", "drain_timeout_s": "--drain-timeout"}
+
+
+def flag(name: str) -> str:
+    """The command-line option of a `TraceRunConfig` field, as errors name it."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+@dataclass(frozen=True)
+class TraceRunConfig:
+    """A run of the live runtime under a spot trace (`python -m benchmarks.replay`, `soak`, `cluster-soak`).
+
+    The market replays `trace` (None: the synthetic one) from `start_s` trace seconds (or "auto":
+    the busiest window) `speedup` times faster than real time, on at most `nodes` spot nodes of
+    `gpus_per_node` workers in elastic SP groups of `sp_degree`; count traces preempt them as
+    `count_model` and `victims` say. A notice comes `notice_s` wall seconds ahead (None: the
+    provider's notice / speedup, with a floor each tool sets), or never with `no_notice`;
+    `commit_every` > 0 also checkpoints every k steps. A driver keeps `backlog` requests of
+    `num_steps` denoising steps pending per serving worker for `duration_s` wall seconds, then
+    waits up to `drain_timeout_s`; leases last `lease_s`; the driver polls every `poll_s`.
+    `address` joins a running Ray cluster. Soak: `sample_s` is its memory sampling period.
+    Cluster-soak: `provider` is the notice bridge's (None: the trace's), `keep_logs` keeps every
+    raylet's log.
+    """
+
+    trace: str | None = None
+    speedup: float = 30.0
+    duration_s: float = 120.0
+    start_s: float | str = 0.0
+    zones: tuple[str, ...] | None = None
+    victims: str = "newest_first"
+    count_model: str = "instances"
+    nodes: int = 4
+    gpus_per_node: int = 1
+    sp_degree: int = 1
+    provider: str | None = None
+    no_notice: bool = False
+    notice_s: float | None = None
+    commit_every: int = 0
+    num_steps: int = 12
+    noise_level: float = 0.7
+    backlog: int = 2
+    drain_timeout_s: float = 180.0
+    lease_s: float = 60.0
+    poll_s: float = 0.02
+    seed: int = 0
+    address: str | None = None
+    sample_s: float = 0.5
+    keep_logs: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("speedup", "duration_s", "drain_timeout_s", "lease_s", "poll_s", "noise_level", "sample_s"):
+            require_number(flag(name), getattr(self, name))
+        require_number("--notice-s", self.notice_s, optional=True)
+        require(self.start_s == "auto" or (isinstance(self.start_s, (int, float)) and self.start_s >= 0),
+                "--start-s", self.start_s, "must be trace seconds >= 0 or 'auto'")
+        for name in ("nodes", "gpus_per_node", "sp_degree", "num_steps", "backlog"):
+            require_int(flag(name), getattr(self, name))
+        require_int("--commit-every", self.commit_every, ">= 0", why="(0: only on notice)")
+        require_choice("--victims", self.victims, VICTIM_RULES)
+        require_choice("--count-model", self.count_model, COUNT_MODELS)
+        require_choice("--provider", self.provider, PROVIDERS, optional=True)
+        require(self.zones is None or len(self.zones) > 0, "--zones", self.zones, "must name a zone (omit: all)")
+
+    def ray_cluster(self) -> RayClusterConfig:
+        """The Ray cluster a tool starts (or joins at `address`): one on-demand worker and
+        `spot_gpu` units for twice the fleet's GPUs."""
+        return RayClusterConfig(address=self.address, num_cpus=2, ondemand_workers=1,
+                                spot_workers=2 * self.nodes * self.gpus_per_node)
 
 
 def check_placement(cfg: TraceRunConfig) -> None:
@@ -469,7 +542,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spotlight replay", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p, TraceRunConfig())
     p.add_argument("--market-only", action="store_true",
@@ -550,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         report = run_market_only(cfg) if args.market_only else run_replay(cfg)
     except (ValueError, FileNotFoundError) as err:
-        print(f"spotlight replay: {err}", file=sys.stderr)
+        print(f"python -m benchmarks.replay: {err}", file=sys.stderr)
         return 2
     return print_report(report, "replay", as_json=args.json, checked=not args.market_only)
 

@@ -1,5 +1,7 @@
 """The published GPU measurement the cost model is calibrated against, and the simulator beside it.
 
+    python -m benchmarks.sim_reference   # the check and the calibrated MFUs, as JSON (SIMULATED)
+
 verl-omni's performance reference (``costmodel.SOURCE_VERL_OMNI_PERF``): Flow-GRPO with LoRA on
 Qwen-Image OCR, ``examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh`` on 4 x H800,
 420 s per step. Its settings, from the script and ``verl_omni/trainer/config/diffusion/rollout/
@@ -26,6 +28,7 @@ A and B and the MFU that gives the published time (:func:`calibrate_mfus`).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from roll_spotlight.sim.baselines import get_baseline
@@ -107,3 +110,12 @@ def calibrate_mfus(run: PublishedRun = VERL_OMNI_LORA, base: CostModel | None = 
         raise ValueError(f"{run.name}: the fixed phases alone take {b:.0f} s >= the published {run.step_s:.0f} s")
     mfu = a / (run.step_s - b)
     return {"rollout_mfu": mfu, "train_mfu": ASSUMED_TRAIN_TO_ROLLOUT_MFU * mfu}
+
+
+def main(argv=None) -> int:
+    print(json.dumps({"check": simulated_step_s(), "calibrated": calibrate_mfus()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

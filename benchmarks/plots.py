@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from roll_spotlight.tools.bench.paper import PAPER_CLAIMS
+from benchmarks.paper import PAPER_CLAIMS
 
 PHASE_COLOURS = {"rollout": "tab:blue", "explore": "tab:green", "train": "tab:red", "sync": "tab:purple",
                  "join": "tab:orange", "restart": "black", "regroup": "tab:pink", "report": "gold",

@@ -1,4 +1,4 @@
-"""``spotlight bench emulate``: the claim's cluster shapes through the live system, beside the simulator.
+"""``python -m benchmarks.emulate``: the claim's cluster shapes through the live system, beside the simulator.
 
 For each row (on-demand + spot GPUs, resolution, SP degree) and system (vanilla, naive spot,
 Spotlight exploring, Spotlight with spot training) it runs ``--iterations`` iterations of the
@@ -282,7 +282,7 @@ def compare(row: Row, system: str, emulated: dict, sim: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     d = EmulateBenchConfig()
-    p = argparse.ArgumentParser(prog="spotlight bench emulate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.emulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", default=d.gpu, help="the emulated GPU (h100, h800, h200, a100)")
     p.add_argument("--iterations", type=int, default=d.iterations, help="iterations per system (>= 2)")
     p.add_argument("--rows", nargs="+", default=list(d.rows), help=f"rows to run, of {[r.name for r in ROWS]}")
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  systems=tuple(args.systems), time_scale=args.time_scale, seed=args.seed,
                                  pull_batch=args.pull_batch, keep_runs=args.keep_runs)
     except ValueError as err:
-        print(f"spotlight bench emulate: {err}", file=sys.stderr)
+        print(f"python -m benchmarks.emulate: {err}", file=sys.stderr)
         return 2
     with contextlib.redirect_stdout(sys.stderr):  # Ray prints each killed raylet's last log lines
         result = run_bench(cfg)

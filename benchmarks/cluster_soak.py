@@ -1,4 +1,4 @@
-"""`spotlight cluster-soak`: a spot trace driving real raylets on this machine, the run following them.
+"""`python -m benchmarks.cluster_soak`: a spot trace driving real raylets on this machine, the run following them.
 
     trace --tile (soak)--> SpotMarket --ClusterTraceDriver--> LocalCluster: head + spot raylets
                                                                  |   notice -> agent -> DrainNode
@@ -6,7 +6,7 @@
       + start_cluster_pool: RayNodeWatcher -> ElasticSpotPool -> spot workers pinned to each raylet
       --> replay's drive loop and its bit-for-bit check of every output
 
-What `spotlight soak` does, on a cluster whose membership is real: the market no longer tells the
+What `python -m benchmarks.soak` does, on a cluster whose membership is real: the market no longer tells the
 pool what happens; it starts a raylet per join (``ray start --address ... --block``), turns a
 notice into the node's provider answer (its notice agent drains the node with the notice's
 deadline) and kills the raylet's process group at the deadline, or without notice. The run's pool
@@ -23,7 +23,7 @@ its agent before it died), ``denoise_steps_lost_after_notice`` and
 just before its raylet is killed), ``leftover_processes`` after the head was shut down, and
 ``peak_rss_all_mb`` (this process and every process under it: head, raylets, agents, workers).
 
-Time: as `spotlight soak` (``--speedup``); the notice is ``--notice-s`` wall seconds, by default
+Time: as `python -m benchmarks.soak` (``--speedup``); the notice is ``--notice-s`` wall seconds, by default
 the provider's notice / speedup but at least ``MIN_CLUSTER_NOTICE_S``: the bridge's own latency
 (a poll, a DrainNode, the driver's poll) and a denoising step plus a commit must fit in it.
 
@@ -42,7 +42,7 @@ import logging
 import sys
 import time
 
-from roll_spotlight.config.cluster import TraceRunConfig
+from benchmarks.replay import TraceRunConfig
 from roll_spotlight.spot.notices import PROVIDERS
 from roll_spotlight.spot.traces import Trace
 
@@ -57,7 +57,7 @@ def check_machine(cfg: TraceRunConfig, available_mb: float | None = None) -> Non
     """Bad input found before anything starts: SP placement on the nodes, and the memory the
     spot nodes and the head need (``--nodes``)."""
     from roll_spotlight.cluster.local_cluster import available_memory_mb, check_capacity
-    from roll_spotlight.tools.replay import check_placement
+    from benchmarks.replay import check_placement
 
     check_placement(cfg)
     check_capacity(cfg.nodes, cfg.gpus_per_node, available_memory_mb() if available_mb is None else available_mb)
@@ -67,8 +67,8 @@ def run_cluster_soak(cfg: TraceRunConfig, trace: Trace | None = None, *, worker_
     """The whole cluster soak; returns the JSON report (see the module docstring).
     ``worker_kwargs(node_id)``: extra spot worker arguments (tests inject ``faults``: `worker.faults.FaultPlan`)."""
     from roll_spotlight.cluster.local_cluster import ClusterTraceDriver, LocalCluster, LocalClusterConfig
-    from roll_spotlight.tools import replay
-    from roll_spotlight.tools.soak import RssSampler, tiled_market
+    from benchmarks import replay
+    from benchmarks.soak import RssSampler, tiled_market
 
     if ray_is_initialized():
         raise RuntimeError("cluster-soak drives a cluster of its own: this process is already connected to Ray")
@@ -112,7 +112,7 @@ class _ClusterDrive:
         from roll_spotlight.config.run import SpotConfig
         from roll_spotlight.spot_pool.training_pool import spot_elastic, start_cluster_pool
         from roll_spotlight.spot.prices import prices_for_trace
-        from roll_spotlight.tools.replay import TINY_MODEL, drive_live
+        from benchmarks.replay import TINY_MODEL, drive_live
 
         driver = self.driver
         # a node noticed at once may leave as soon as it registers (a drained idle raylet exits)
@@ -154,9 +154,9 @@ class _ClusterDrive:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from roll_spotlight.tools.replay import add_arguments
+    from benchmarks.replay import add_arguments
 
-    p = argparse.ArgumentParser(prog="spotlight cluster-soak", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cluster_soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p, DEFAULTS, minutes=True, join=False, notice_floor_s=MIN_CLUSTER_NOTICE_S)
     p.add_argument("--provider", default=None, help=f"notice bridge provider, one of {PROVIDERS}; default: the trace's")
@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TraceRunConfig:
-    from roll_spotlight.tools import replay
+    from benchmarks import replay
 
     return replay.config_from_args(args, DEFAULTS)
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one cluster soak and print its report; 1 if a correctness counter is not 0 or a
     process is left behind, 2 on bad input."""
     from roll_spotlight.loopback import set_loopback_env
-    from roll_spotlight.tools.replay import load_or_synthetic, print_report
+    from benchmarks.replay import load_or_synthetic, print_report
 
     set_loopback_env()
     args = build_parser().parse_args(argv)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # Ray prints each killed raylet's last log lines
             report = run_cluster_soak(cfg, trace)
     except (ValueError, FileNotFoundError) as err:
-        print(f"spotlight cluster-soak: {err}", file=sys.stderr)
+        print(f"python -m benchmarks.cluster_soak: {err}", file=sys.stderr)
         return 2
     code = print_report(report, "cluster-soak", as_json=args.json, checked=True)
     return 1 if report["leftover_processes"] else code

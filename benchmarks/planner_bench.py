@@ -1,7 +1,7 @@
 """Planner benchmark: bandit vs round robin vs oracle on synthetic prompt sets, same budget.
 
 Each bench seed draws a batch of ``n_prompts`` prompts plus an equal reserve from the synthetic mix
-(``synthetic.py``) and runs every planner through the same small event-driven simulation:
+(``synthetic_prompts.py``) and runs every planner through the same small event-driven simulation:
 
 - ``workers`` spot workers pull work when free; a seed takes ``per_seed_s`` x lognormal(0, 0.15)
   seconds (the planners start from a cost estimate 25% too low and learn it online);
@@ -72,7 +72,7 @@ from roll_spotlight.exploration.bandit import (
     ExplorationPlanner,
 )
 from roll_spotlight.exploration.prior import PriorConfig
-from roll_spotlight.exploration.synthetic import RewardDist, population_variance, random_prompt_set, reward_of
+from benchmarks.synthetic_prompts import RewardDist, population_variance, random_prompt_set, reward_of
 
 METHODS = ("planner", "planner_population", "planner_unscreened", "uniform", "uniform_abandon", "oracle",
            "no_exploration")
@@ -389,8 +389,8 @@ def _format(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``spotlight bench planner [--json] [--seeds N] ...``: run the benchmark and print it."""
-    parser = argparse.ArgumentParser(prog="spotlight bench planner", description=__doc__.splitlines()[0])
+    """``python -m benchmarks.planner_bench [--json] [--seeds N] ...``: run the benchmark and print it."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.planner_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=0,
                         help="first bench seed (default 0); tune on another range than the one you report")
@@ -410,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   preempted_workers=args.preempted_workers)
     if args.budget_sweep is not None and any(v <= 0 for v in args.budget_sweep):
         parser.error(f"--budget-sweep values must be > 0, got {args.budget_sweep}")
-    command = " ".join(["spotlight bench planner", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    command = " ".join(["python -m benchmarks.planner_bench", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
     result = {"kind": KIND, "command": command, "note": BUDGET_NOTE,
               **run_planner_bench(budget_pulls=args.budget_pulls, **common)}
     if args.budget_sweep is not None:

@@ -1,4 +1,7 @@
-"""Synthetic per-prompt reward distributions for the planner benchmark and tests.
+"""Synthetic per-prompt reward distributions for the planner benchmark and the bandit's tests.
+
+(The simulator's synthetic reward of (prompt, seed, weight version), which emulated runs score
+with too, is the package's `roll_spotlight.sim.synthetic_rewards`.)
 
 The mix mimics what a reward model does to a batch of prompts: some prompts are saturated (every
 seed scores 0, or every seed scores 1: no GRPO signal at all), binary rewards with any success rate

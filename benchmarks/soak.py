@@ -1,9 +1,9 @@
-"""`spotlight soak`: the live runtime under a spot trace for M wall minutes, repeating the trace.
+"""`python -m benchmarks.soak`: the live runtime under a spot trace for M wall minutes, repeating the trace.
 
-    trace --tile_trace(laps)--> one long trace --replay machinery (tools.replay)--> live Ray runtime
+    trace --tile_trace(laps)--> one long trace --replay machinery (benchmarks.replay)--> live Ray runtime
                                                        + a sampler of RSS (driver + Ray actors)
 
-A soak is a long `spotlight replay`: the same runtime (one on-demand RolloutWorker, spot workers
+A soak is a long `python -m benchmarks.replay`: the same runtime (one on-demand RolloutWorker, spot workers
 started, notified and killed by an ElasticSpotPool as the market replays the trace, compressed
 ``--speedup`` times), the same request backlog and the same bit-for-bit check of every output
 against an uninterrupted recomputation. What it adds:
@@ -23,7 +23,7 @@ against an uninterrupted recomputation. What it adds:
 
 Count traces preempt the spot nodes as ``--count-model`` says (``instances``, the default: each
 spot node is one of the group's alive instances; ``capacity``: only nodes above the count go); see
-`spotlight replay`. ``--market-only`` replays the tiled market alone, without Ray, and reports its
+`python -m benchmarks.replay`. ``--market-only`` replays the tiled market alone, without Ray, and reports its
 nodes started and preemptions in the submission window (``kind: "market"``).
 
 The options are replay's (`TraceRunConfig`, with ``--minutes`` for ``--duration`` and the soak's
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roll_spotlight.config.cluster import TraceRunConfig
+from benchmarks.replay import TraceRunConfig
 from roll_spotlight.spot.traces import CountSeries, EventList, NodeEvent, Trace
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def tiled_market(cfg: TraceRunConfig, trace: Trace):
     """The soak's market: the window start chosen on one lap (``--start-s``; "auto": replay's
     busiest window), the trace tiled to cover it plus the run and its drain. Returns the tiling,
     ``cfg`` with the start in trace seconds, and the market."""
-    from roll_spotlight.tools import replay
+    from benchmarks import replay
 
     start = replay.window_start(cfg, trace)
     tiled = tile_trace(trace, laps_needed(cfg, trace) + math.ceil(start / max(trace.end_s, 1e-9)))
@@ -204,7 +204,7 @@ def soak_fields(cfg: TraceRunConfig, trace: Trace, tiled: Tiled, replayed_s: flo
 
 def run_soak(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
     """The whole soak (``trace``: already loaded from ``cfg.trace``); returns the JSON report."""
-    from roll_spotlight.tools import replay
+    from benchmarks import replay
 
     trace = trace if trace is not None else replay.load_or_synthetic(cfg)
     tiled, cfg, market = tiled_market(cfg, trace)
@@ -221,7 +221,7 @@ def run_soak(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
 
 def run_market_only(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
     """The soak's tiled market alone (no Ray): replay's ``market_report`` plus the tiling."""
-    from roll_spotlight.tools import replay
+    from benchmarks import replay
 
     trace = trace if trace is not None else replay.load_or_synthetic(cfg)
     tiled, cfg, market = tiled_market(cfg, trace)
@@ -234,9 +234,9 @@ def run_market_only(cfg: TraceRunConfig, trace: Trace | None = None) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from roll_spotlight.tools.replay import add_arguments
+    from benchmarks.replay import add_arguments
 
-    p = argparse.ArgumentParser(prog="spotlight soak", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p, DEFAULTS, minutes=True)
     p.add_argument("--market-only", action="store_true",
@@ -245,14 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> TraceRunConfig:
-    from roll_spotlight.tools import replay
+    from benchmarks import replay
 
     return replay.config_from_args(args, DEFAULTS)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one soak and print its report; 1 if a correctness counter is not 0, 2 on bad input."""
-    from roll_spotlight.tools.replay import load_or_synthetic, print_report
+    from benchmarks.replay import load_or_synthetic, print_report
 
     args = build_parser().parse_args(argv)
     try:
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = load_or_synthetic(cfg)  # bad traces fail before Ray starts
         report = run_market_only(cfg, trace) if args.market_only else run_soak(cfg, trace)
     except (ValueError, FileNotFoundError) as err:
-        print(f"spotlight soak: {err}", file=sys.stderr)
+        print(f"python -m benchmarks.soak: {err}", file=sys.stderr)
         return 2
     return print_report(report, "soak", as_json=args.json, checked=not args.market_only)
 
