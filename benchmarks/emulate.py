@@ -132,7 +132,7 @@ def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
     after which a node gets its notice and goes during the steady iterations (the simulator's span
     of the run, less its first iteration), so every spot row sees a preemption with notice while
     the spot GPUs otherwise serve; 0 when the trace has no such window."""
-    from roll_spotlight.sim.run import simulate
+    from roll_spotlight.sim.api import simulate
     from roll_spotlight.spot.market import EventKind, MarketConfig, SpotMarket
 
     span = simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
@@ -162,7 +162,7 @@ def row_cost_model(cfg: EmulateBenchConfig, row: Row):
 
 def simulated(trace, row: Row, cfg: EmulateBenchConfig, window: float) -> dict:
     """The simulator on the row's shape, trace window and seed (SIMULATED)."""
-    from roll_spotlight.sim.run import simulate
+    from roll_spotlight.sim.api import simulate
 
     return simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=cfg.systems, seed=cfg.seed, cost_model=row_cost_model(cfg, row),

@@ -19,7 +19,7 @@ Three spot systems stand in the rows (``SYSTEMS``): naive spot (rollouts only), 
 and spot training compute vanilla's update, so their iterations ratio is 1.00 by construction;
 Spotlight's is measured. Two vanillas stand against each: ``vanilla`` on the same on-demand GPUs
 (equal on-demand), and the fair-cost vanilla on the on-demand GPUs that system's dollars buy
-(``sim.budget``: equal cost). Both take vanilla's measured iterations. When neither side's
+(``sim.shape_budget``: equal cost). Both take vanilla's measured iterations. When neither side's
 iterations are known exactly (both medians censored), the ratio of the censored medians is shown
 beside the row as what it is (not a bound), never as the result. ``SPOT_TRAINING_GOALS`` are the
 spot-training targets, checked by :func:`goal_rows`. Pure: no I/O, no plotting.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from roll_spotlight.sim.baselines import Training, get_baseline
-from roll_spotlight.sim.budget import fair_cost_baseline
+from roll_spotlight.sim.shape_budget import fair_cost_baseline
 
 # Headline targets: Spotlight vs vanilla, time to target >= 4x; cost to target >= 2x at 512^2, >= 6x at 1280^2.
 TARGETS: dict[int, dict[str, float]] = {512: {"time": 4.0, "cost": 2.0}, 1280: {"time": 4.0, "cost": 6.0}}
@@ -159,7 +159,7 @@ def system_iterations(estimates: Mapping[str, Mapping[str, Any]], system: str) -
 def headline(estimates: Mapping[str, Mapping[str, Any]], sims: Mapping[int, Mapping[str, Any]],
              shape: str = "", baselines: tuple[str, ...] = VANILLAS,
              systems: tuple[str, ...] = ("spotlight",)) -> list[HeadlineRow]:
-    """Rows for every system of ``systems``, resolution in ``sims`` (a ``sim.run.simulate`` result
+    """Rows for every system of ``systems``, resolution in ``sims`` (a ``sim.api.simulate`` result
     per resolution), metric and vanilla of ``baselines`` that the simulation has (the fair-cost one
     only when simulated)."""
     rows = []

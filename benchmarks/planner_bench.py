@@ -234,7 +234,7 @@ def _run_method(method: str, setup: BenchSetup, task: _Task) -> tuple[float, lis
         return _no_exploration_score(task, setup.group_size), [], {}
     planner = _build(method, setup, task)
     sim = _Simulation(planner, task, setup)
-    sim.run()
+    sim.simulate()
     summary = planner.summary()
     info = {"explored_seeds": summary.explored_seeds, "abandoned": len(summary.abandoned),
             "spent_s": summary.spent_s, "pulls": summary.pulls}

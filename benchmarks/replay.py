@@ -67,7 +67,7 @@ import numpy as np
 
 from roll_spotlight.checks import require, require_choice, require_int, require_number
 from roll_spotlight.config.ray_cluster import RayClusterConfig
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.spot.market import (COUNT_MODELS, MIN_NOTICE_S, NOTICE_S_BY_PROVIDER, VICTIM_RULES, EventKind,
                                         MarketConfig, SpotMarket)
 from roll_spotlight.spot.notices import PROVIDERS

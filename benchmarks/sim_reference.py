@@ -86,7 +86,7 @@ def simulated_step_s(run: PublishedRun = VERL_OMNI_LORA, cost: CostModel | None 
     cost = cost or reference_model(run)
     config = SimConfig(resolution=run.workload.resolution, ondemand=run.gpus, spot=0, iterations=iterations,
                        reward_colocated=True)
-    result = ClusterSimulation(get_baseline("vanilla"), config, cost, fake_feed([])).run()
+    result = ClusterSimulation(get_baseline("vanilla"), config, cost, fake_feed([])).simulate()
     ratio = result.time_per_iteration_s / run.step_s
     return {"kind": "simulated", "run": run.name, "source": run.source, "published_s": run.step_s,
             "simulated_s": result.time_per_iteration_s, "ratio": ratio,

@@ -8,7 +8,7 @@ Order (one table of contents, :func:`run_suite`):
    warm-regroup constant calibrated from step 1 when that ran, for three cluster shapes: today's
    (``--ondemand``/``--spot``, 8 + 8), the paper's (``--paper-shape``, 4 reserved + 8 spot) and a
    spot-heavy one (``--spot-heavy-shape``, 2 + 14), each with every spot system's fair-cost vanilla
-   (``sim.budget``) and the exploration budget the shape affords;
+   (``sim.shape_budget``) and the exploration budget the shape affords;
 3. the convergence benchmark on the tiny task under a wall-clock budget (or a saved result of
    ``python -m benchmarks.convergence`` via ``--convergence-json``), and the iterations ratio of every
    saved convergence study in ``benchmarks/results`` (:func:`saved_studies`);
@@ -84,7 +84,7 @@ class SuiteConfig:
     subprocess_timeout_s: float = 900.0
     # more cluster shapes simulated beside (ondemand, spot): (name, ondemand, spot)
     other_shapes: tuple[tuple[str, int, int], ...] = (PAPER_SHAPE, SPOT_HEAVY_SHAPE)
-    fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.budget) in every shape
+    fair_cost: bool = True                       # simulate vanilla_fair_cost (sim.shape_budget) in every shape
     mechanisms_json: Path | None = None          # reuse the mechanism results of a saved bench_all.json
     emulate_json: Path | None = None             # reuse a saved `python -m benchmarks.emulate` result (EMULATED rows)
     emulate: bool = True                         # else run it (about 30 min); never in a smoke run
@@ -288,7 +288,7 @@ def _calibrated_cost(cfg: SuiteConfig, regroup: Mapping[str, Any] | None):
 def run_simulations(cfg: SuiteConfig, cost) -> dict:
     """The baselines per resolution on the headline trace (timelines kept for the figures), for
     today's shape and each of ``other_shapes`` (no timelines), with the fair-cost vanilla."""
-    from roll_spotlight.sim.run import simulate
+    from roll_spotlight.sim.api import simulate
     from roll_spotlight.spot.traces import traces_root
 
     root = traces_root(cfg.traces_root)

@@ -197,7 +197,7 @@ def _add_trace_arg(p: argparse.ArgumentParser) -> None:
 
 # subcommands that parse their own options (and --help): name -> (module with `main(argv)`, summary)
 PASSTHROUGH = {
-    "simulate": ("roll_spotlight.sim.run", "simulate time and cost per iteration for the four baselines"),
+    "simulate": ("roll_spotlight.sim.api", "simulate time and cost per iteration for the four baselines"),
     "notice-agent": ("roll_spotlight.cluster.notice_agent", "drain this Ray node on its cloud's preemption notice"),
     "compare": ("roll_spotlight.compare", "two run directories side by side (markdown, PNG, JSON); a CI gate"),
 }

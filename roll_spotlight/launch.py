@@ -101,7 +101,7 @@ def load_recipe(config_path: str, config_name: str, overrides: list[str], emulat
     `ConfigError` naming the key and the file."""
     from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.patches import apply_patches
-    from roll_spotlight.roll.config import compose_mapping, from_mapping, recipe_path
+    from roll_spotlight.roll.spotlight_config import compose_mapping, from_mapping, recipe_path
 
     source = recipe_path(config_path, config_name)
     data = compose_mapping(config_path, config_name, overrides)

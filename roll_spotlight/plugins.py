@@ -54,14 +54,14 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
         "pull_queue": "roll_spotlight.dispatch.queue:RequestQueue",
     },
     "roll_spotlight.rewards": {
-        "shapes": "roll_spotlight.rewards.shapes:ShapesReward",
+        "shapes": "roll_spotlight.rewards.shapes_reward:ShapesReward",
         "ocr": "roll_spotlight.rewards.ocr:OcrReward",
         "geneval": "roll_spotlight.rewards.geneval:GenevalReward",
         "pickscore": "roll_spotlight.rewards.pickscore:PickScoreReward",
         "jpeg_compressibility": "roll_spotlight.rewards.jpeg:JpegCompressibility",
         "brightness": "roll_spotlight.rewards.jpeg:MeanBrightness",
-        "weighted": "roll_spotlight.rewards.base:WeightedReward",
-        "safe": "roll_spotlight.rewards.base:SafeReward",
+        "weighted": "roll_spotlight.rewards.reward:WeightedReward",
+        "safe": "roll_spotlight.rewards.reward:SafeReward",
         "slow": "roll_spotlight.rewards.slow:SlowReward",
     },
 })

@@ -255,7 +255,7 @@ def run_loop(cfg, backend, run_dir: Path, *, progress: bool = True, resume: Path
         coordinator.resume_latest(Path(run_dir))
     elif resume:
         coordinator.resume(Path(resume))
-    return coordinator.run()
+    return coordinator.train()
 
 
 def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, policy=None, progress: bool = True,

@@ -29,7 +29,7 @@ def test_haze_raises_the_level_and_a_patch_grid_texture_the_grid():
 
 
 def test_the_reward_cannot_see_either():
-    from roll_spotlight.rewards.shapes import ShapesReward
+    from roll_spotlight.rewards.shapes_reward import ShapesReward
 
     prompt = ["a red square"]
     clean, dirty = (ShapesReward(mode="mix")(scene(**kw)[None], prompt).rewards[0]

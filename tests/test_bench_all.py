@@ -489,7 +489,7 @@ def test_headline_has_both_vanillas_and_keeps_censored_medians_apart():
 
 
 def test_report_lists_both_shapes_both_vanillas_and_the_budget():
-    from roll_spotlight.sim.run import simulate
+    from roll_spotlight.sim.api import simulate
     from benchmarks.report import _budget_section, _headline_section, _shapes, _to_target_section
 
     tiny = {"prompts_per_iteration": 4, "group_size": 4}

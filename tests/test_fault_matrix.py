@@ -181,9 +181,9 @@ def reference(tmp_path_factory) -> dict:
 
     cfg, root = _cfg(), tmp_path_factory.mktemp("reference")
     plain = LocalBackend(cfg, random_policy(cfg))
-    _coordinator(cfg, plain, root / "plain").run()
+    _coordinator(cfg, plain, root / "plain").train()
     harness = FaultyBackend(cfg, random_policy(cfg))
-    _coordinator(cfg, harness, root / "harness").run()
+    _coordinator(cfg, harness, root / "harness").train()
     out = _fingerprint(harness, root / "harness")
     _assert_same(_fingerprint(plain, root / "plain"), out)  # the harness itself changes nothing
     return out | {"completed_by": harness.completed_by}
@@ -192,7 +192,7 @@ def reference(tmp_path_factory) -> dict:
 def _faulty_run(tmp_path, cfg=None, **kwargs) -> tuple[FaultyBackend, dict]:
     cfg = cfg or _cfg()
     backend = FaultyBackend(cfg, random_policy(cfg), **kwargs)
-    _coordinator(cfg, backend, tmp_path / "run").run()
+    _coordinator(cfg, backend, tmp_path / "run").train()
     return backend, _fingerprint(backend, tmp_path / "run")
 
 
@@ -252,7 +252,7 @@ def test_row_all_spot_capacity_gone_exploration_budget_goes_to_zero(tmp_path):
 
     cfg = _cfg("exploration.mode=stale", "exploration.seeds_per_prompt=6", "max_steps=3")
     backend = NoSpot(cfg, random_policy(cfg))
-    _coordinator(cfg, backend, tmp_path / "run").run()
+    _coordinator(cfg, backend, tmp_path / "run").train()
     rows = read_metrics(tmp_path / "run")[1:]
     assert [r["explored_seeds"] for r in rows] == [0, 0, 0]
     assert [r["weight_version"] for r in rows] == [1, 2, 3], "training carried on"
@@ -284,7 +284,7 @@ def test_row_nan_or_infinite_rewards(tmp_path):
     for name, bad in (("nonfinite", {1: math.nan, 4: math.inf, 5: -math.inf}), ("fallback", {1: 0.0, 4: 0.0, 5: 0.0})):
         backend = LocalBackend(cfg, random_policy(cfg))
         backend.core.reward_fn = _inject(backend.core.reward_fn, bad)
-        _coordinator(cfg, backend, tmp_path / name).run()
+        _coordinator(cfg, backend, tmp_path / name).train()
         runs[name] = (_fingerprint(backend, tmp_path / name), backend.core.reward_fn)
     assert runs["nonfinite"][1].nonfinite > 0 and runs["fallback"][1].nonfinite == 0
     for row in runs["nonfinite"][0]["metrics"]:
@@ -299,7 +299,7 @@ def reference3(tmp_path_factory) -> dict:
 
     cfg, root = _cfg("max_steps=3", "save_steps=1"), tmp_path_factory.mktemp("reference3")
     backend = LocalBackend(cfg, random_policy(cfg))
-    _coordinator(cfg, backend, root).run()
+    _coordinator(cfg, backend, root).train()
     return _fingerprint(backend, root)
 
 
@@ -319,7 +319,7 @@ def test_row_trainer_crash_resumes_from_last_checkpoint(tmp_path, reference3):
     backend = LocalBackend(cfg, random_policy(cfg, seed=7))  # other weights: the checkpoint must win
     coordinator = _coordinator(cfg, backend, tmp_path)
     assert coordinator.resume_latest().name == "iter-000002"
-    coordinator.run()
+    coordinator.train()
     _assert_same(_fingerprint(backend, tmp_path), reference3)
 
 
@@ -343,7 +343,7 @@ def test_row_corrupted_or_truncated_checkpoint(tmp_path, reference3, damage, cap
     with caplog.at_level("WARNING"):
         assert coordinator.resume_latest().name == "iter-000001", "the previous checkpoint is used"
     assert str(damaged) in caplog.text
-    coordinator.run()
+    coordinator.train()
     _assert_same(_fingerprint(backend, tmp_path), reference3)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from roll_spotlight.cluster.metadata_stub import MetadataStub
 from roll_spotlight.cluster.notice_agent import (NodeLink, NoticeWatcher, SigtermNotice, _on_signals, build_parser,
-                                               main, run)
+                                               main, serve)
 from roll_spotlight.spot.notices import (AwsImds, AzureScheduledEvents, BadAnswer, GcpMetadata, HttpAnswer,
                                          ProviderConfig, make_provider, parse_rfc1123, parse_utc)
 
@@ -244,7 +244,7 @@ def test_the_agent_drains_its_node_once_with_the_notice_deadline_after_the_gcs_c
         drainer = FakeDrainer(refuse=2)
         args = _agent_args("--provider", "azure", "--endpoint", stub.url("spot-1"))
         result = {}
-        thread = threading.Thread(target=lambda: result.setdefault("code", run(args, drainer=drainer)), daemon=True)
+        thread = threading.Thread(target=lambda: result.setdefault("code", serve(args, drainer=drainer)), daemon=True)
         thread.start()
         _until(lambda: stub.requests("spot-1") >= 3 and drainer.lookups >= 3, "polls and a found node")
         assert drainer.drains == []
@@ -266,7 +266,7 @@ def test_the_agent_never_drains_on_bad_answers_and_stops_cleanly():
         drainer, stop = FakeDrainer(), threading.Event()
         args = _agent_args("--provider", "gcp", "--endpoint", stub.url("spot-1"))
         result = {}
-        thread = threading.Thread(target=lambda: result.setdefault("code", run(args, drainer=drainer, stop=stop)),
+        thread = threading.Thread(target=lambda: result.setdefault("code", serve(args, drainer=drainer, stop=stop)),
                                   daemon=True)
         thread.start()
         _until(lambda: stub.requests("spot-1") >= 5, "polls of a malformed endpoint")

@@ -126,7 +126,7 @@ def test_installed_entry_points_are_the_builtins():
 
 
 def test_installed_entry_points_point_at_objects():
-    roll_only = ("roll_spotlight.roll.workers", "roll_spotlight.roll.pipeline", "roll_spotlight.roll.config")
+    roll_only = ("roll_spotlight.roll.workers", "roll_spotlight.roll.pipeline", "roll_spotlight.roll.spotlight_config")
     checked = 0
     for group in plugins.GROUPS:
         for name, target in _installed_entry_points(group).items():

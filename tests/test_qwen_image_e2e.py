@@ -95,7 +95,7 @@ def test_a_lora_target_that_does_not_exist_is_named(models, tmp_path, capsys):
 def test_ocr_recipe_trains_two_iterations_under_roll(models, tmp_path, monkeypatch):
     """The ROLL twin of the OCR recipe on CPU-only ROLL clusters, LoRA and CFG on."""
     from roll_spotlight.roll import SpotlightPipeline
-    from roll_spotlight.roll.config import compose_mapping, from_mapping
+    from roll_spotlight.roll.spotlight_config import compose_mapping, from_mapping
 
     monkeypatch.chdir(tmp_path)  # ROLL writes ./output/logs relative to the working directory
     monkeypatch.setenv("QWEN_IMAGE_DIR", str(models["qwen"]))

@@ -27,7 +27,7 @@ class _TrainerCluster:
 
 @pytest.mark.parametrize("baselines", [None, np.array([[0.5, 0.2]] * 3 + [[0.1, 0.4]] * 3)])
 def test_every_trainer_rank_gets_the_whole_batchs_baselines(baselines):
-    from roll_spotlight.roll.loop import RollClusterBackend
+    from roll_spotlight.roll.cluster_backend import RollClusterBackend
 
     cluster = _TrainerCluster()
     backend = RollClusterBackend(SimpleNamespace(actor_train=cluster, reward=None, dispatch=None, tracker=None))

@@ -102,7 +102,7 @@ def test_the_pipeline_checks_paths_before_it_builds_clusters(user):
     """A pipeline started by another launcher (after ROLL's init()) still stops before its clusters."""
     from roll_spotlight.config.strict import ConfigError
     from roll_spotlight.roll import SpotlightPipeline
-    from roll_spotlight.roll.config import compose_mapping, from_mapping
+    from roll_spotlight.roll.spotlight_config import compose_mapping, from_mapping
 
     cfg = from_mapping(compose_mapping(user, "qwen_image_ocr_512"), source="qwen_image_ocr_512.yaml")
     with pytest.raises(ConfigError, match=r"qwen_image_ocr_512.yaml: .*pretrain=/missing/QWEN_IMAGE_DIR"):

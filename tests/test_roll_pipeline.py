@@ -33,13 +33,13 @@ def workdir(tmp_path_factory):
 
 
 def _tiny_config(workdir: Path, *extra: str):
-    from roll_spotlight.roll.config import compose_mapping, from_mapping
+    from roll_spotlight.roll.spotlight_config import compose_mapping, from_mapping
 
     return from_mapping(compose_mapping(str(RECIPES), "tiny_shapes_roll", TINY + [f"output_dir={workdir}/out", *extra]))
 
 
 def test_config_round_trip_through_dacite(workdir):
-    from roll_spotlight.roll.config import SpotlightConfig, from_mapping, to_mapping
+    from roll_spotlight.roll.spotlight_config import SpotlightConfig, from_mapping, to_mapping
 
     cfg = _tiny_config(workdir)
     again = from_mapping(to_mapping(cfg))

@@ -188,7 +188,7 @@ def test_launcher_without_roll_says_how_to_install(tmp_path):
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses_into_spotlight_config_with_roll(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # ROLL writes ./output/logs on import
-    from roll_spotlight.roll.config import compose_mapping, from_mapping
+    from roll_spotlight.roll.spotlight_config import compose_mapping, from_mapping
 
     cfg = from_mapping(compose_mapping(str(path.parent), path.stem))
     sections, run_cfg = validate_recipe(load_yaml(path))

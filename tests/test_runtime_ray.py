@@ -31,7 +31,7 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     # one trainer thread, as the local run: results are bit-identical only at equal thread counts
     backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2, trainer_threads=1), run_dir=tmp_path / "ray")
     try:
-        result = Coordinator(cfg, backend, tmp_path / "ray", progress=False).run()
+        result = Coordinator(cfg, backend, tmp_path / "ray", progress=False).train()
         stats = [ray.get(w.stats.remote()) for w in backend.workers.values()]
         reward = ray.get(backend.reward.stats.remote())
     finally:
@@ -63,7 +63,7 @@ def test_pool_baseline_reaches_the_ray_trainer(tmp_path, ray_cluster):
     start_run(selected, tmp_path / "selected", policy=random_policy(selected), progress=False)
     backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=2, trainer_threads=1), run_dir=tmp_path / "ray")
     try:
-        Coordinator(cfg, backend, tmp_path / "ray", progress=False).run()
+        Coordinator(cfg, backend, tmp_path / "ray", progress=False).train()
     finally:
         backend.close()
     norms = {name: [r["grad_norm"] for r in read_metrics(tmp_path / name)[1:]] for name in ("local", "selected", "ray")}

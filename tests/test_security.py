@@ -50,7 +50,7 @@ def test_run_directory_and_checkpoints_are_private(tmp_path):
     try:
         run_dir = tmp_path / "run"
         write_run_config(cfg, run_dir)
-        Coordinator(cfg, LocalBackend(cfg, random_policy(cfg)), run_dir, progress=False).run()
+        Coordinator(cfg, LocalBackend(cfg, random_policy(cfg)), run_dir, progress=False).train()
     finally:
         os.umask(old)
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700

@@ -1,5 +1,5 @@
 """Tier 1: the discrete-event engine is deterministic and ordered."""
-from roll_spotlight.sim.engine import PRIORITY_MARKET, EventLoop
+from roll_spotlight.sim.events import PRIORITY_MARKET, EventLoop
 
 
 def _trace_of(schedule_order):
@@ -7,7 +7,7 @@ def _trace_of(schedule_order):
     seen = []
     for time_s, name, priority in schedule_order:
         loop.schedule(time_s, seen.append, name, priority=priority)
-    loop.run()
+    loop.run_until()
     return seen
 
 
@@ -29,7 +29,7 @@ def test_now_advances_and_cancelled_events_are_skipped():
     loop.after(1.0, lambda: loop.after(0.5, lambda: times.append(loop.now)))
     handle.cancel()
     assert not handle.pending
-    loop.run()
+    loop.run_until()
     assert times == [1.5, 3.0]
     assert loop.now == 3.0
     assert loop.pending() == 0
@@ -40,6 +40,6 @@ def test_stop_predicate_halts_before_later_events():
     seen = []
     for t in range(10):
         loop.schedule(float(t), seen.append, t)
-    loop.run(stop=lambda: len(seen) >= 4)
+    loop.run_until(stop=lambda: len(seen) >= 4)
     assert seen == [0, 1, 2, 3]
     assert loop.pending() == 6

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from roll_spotlight.sim.run import main, project, simulate, time_to_target
+from roll_spotlight.sim.api import main, project, simulate, time_to_target
 from roll_spotlight.sim.spotfeed import spot_feed
 
 BAMBOO = "bamboo-spot-traces/aws/p3-trace.csv"
@@ -118,7 +118,7 @@ def test_fair_cost_vanilla_gets_the_ondemand_gpus_spotlights_dollars_buy(spot_us
 
 
 def test_fair_cost_needs_spotlight_and_a_price():
-    from roll_spotlight.sim.budget import fair_cost_ondemand
+    from roll_spotlight.sim.shape_budget import fair_cost_ondemand
 
     assert fair_cost_ondemand({"time_per_iteration_s": 1800.0, "cost_per_iteration_usd": 60.0}, 10.0, 4) == 12
     assert fair_cost_ondemand({"time_per_iteration_s": 3600.0, "cost_per_iteration_usd": 30.0}, 10.0, 4) == 4
@@ -130,7 +130,7 @@ def test_fair_cost_needs_spotlight_and_a_price():
 
 
 def test_exploration_budget_is_spot_seconds_of_training_over_a_full_rollout():
-    from roll_spotlight.sim.budget import exploration_budget
+    from roll_spotlight.sim.shape_budget import exploration_budget
     from roll_spotlight.sim.costmodel import CostModel
 
     cost = CostModel()

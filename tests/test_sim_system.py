@@ -6,7 +6,7 @@ import pytest
 
 from roll_spotlight.sim.baselines import get_baseline
 from roll_spotlight.sim.costmodel import CostModel
-from roll_spotlight.sim.run import simulate
+from roll_spotlight.sim.api import simulate
 from roll_spotlight.sim.spotfeed import fake_feed
 from roll_spotlight.sim.system import ClusterSimulation, SimConfig
 from roll_spotlight.spot.prices import Price, PriceTable
@@ -22,7 +22,7 @@ def run_one(name, *, resolution=512, ondemand=8, spot=8, iterations=3, feed=None
     feed = feed or fake_feed([(0.0, "up", f"n{i}") for i in range(spot)])
     config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
                        **cfg)
-    return ClusterSimulation(get_baseline(name), config, cost or small_cost(), feed).run()
+    return ClusterSimulation(get_baseline(name), config, cost or small_cost(), feed).simulate()
 
 
 def analytic_vanilla_s(cost, resolution, ondemand):

@@ -6,7 +6,7 @@ import pytest
 
 from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Training, get_baseline
 from roll_spotlight.sim.costmodel import CostModel
-from roll_spotlight.sim.run import simulate
+from roll_spotlight.sim.api import simulate
 from roll_spotlight.sim.spotfeed import fake_feed
 from roll_spotlight.sim.system import ClusterSimulation, SimConfig
 from roll_spotlight.dispatch.requests import plan_micro_batches
@@ -56,11 +56,11 @@ def test_micro_batch_plan_is_chunk_major_step_minor():
 
 def test_spot_training_splits_the_update_and_beats_training_on_demand_only():
     sim = simulation()
-    result = sim.run()
+    result = sim.simulate()
     assert_each_micro_batch_once(sim, 2)
     assert result.train["micro_batches_per_iteration"] == N_MB and result.train["refused_reports"] == 0
     assert result.train["spot_share"] == pytest.approx(0.5)         # 4 on-demand + 4 spot GPUs, no market
-    vanilla = simulation(spot=0, name="vanilla").run()
+    vanilla = simulation(spot=0, name="vanilla").simulate()
     assert result.mean_train_phase_s < 0.6 * vanilla.mean_train_phase_s
     assert result.time_per_iteration_s < vanilla.time_per_iteration_s
     assert result.explored_seeds_per_iteration == 0                  # spot GPUs train, they do not explore
@@ -71,8 +71,8 @@ def test_without_spot_gpus_training_is_vanillas_plus_reports_and_the_step(resolu
     """8 on-demand GPUs on the trainer's node: each GPU runs 32 micro-batches in 8 leases of 4, each
     lease ends with a gradient report over NVLink (an SP-4 group first sums inside the group)."""
     sim = simulation(ondemand=8, spot=0, resolution=resolution)
-    result = sim.run()
-    vanilla = simulation(ondemand=8, spot=0, resolution=resolution, name="vanilla").run()
+    result = sim.simulate()
+    vanilla = simulation(ondemand=8, spot=0, resolution=resolution, name="vanilla").simulate()
     train_s = COST.train_s(COST.images_per_iteration(), resolution, 8)
     assert vanilla.mean_train_phase_s == pytest.approx(train_s)
     degree = COST.preferred_sp(resolution)
@@ -95,12 +95,12 @@ def test_no_market_is_deterministic():
 
 
 def test_a_kill_loses_only_the_unreported_micro_batches():
-    clean = simulation().run()
+    clean = simulation().simulate()
     mb_s = COST.train_micro_batch_s(512)
     kill_t = first_train_start(clean) + 5.5 * mb_s      # in the second lease of every spot GPU
     feed = fake_feed([(0.0, "up", f"n{i}") for i in range(4)] + [(kill_t, "down", "n0")], notice_s=0.0)
     sim = simulation(feed=feed)
-    result = sim.run()
+    result = sim.simulate()
     assert result.preemptions == 1
     assert_each_micro_batch_once(sim, 2)                  # requeued and trained once elsewhere
     spot_workers = {r.worker for r in sim.trainer.log if r.kind == "spot"}
@@ -114,12 +114,12 @@ def test_a_kill_loses_only_the_unreported_micro_batches():
 
 
 def test_a_notice_finishes_the_micro_batch_in_hand_and_hands_back_the_rest():
-    clean = simulation().run()
+    clean = simulation().simulate()
     mb_s = COST.train_micro_batch_s(512)
     notice_t = first_train_start(clean) + 2.5 * mb_s     # in the third micro-batch of the first lease
     feed = fake_feed([(0.0, "up", f"n{i}") for i in range(4)] + [(notice_t + 60.0, "down", "n0")], notice_s=60.0)
     sim = simulation(feed=feed)
-    result = sim.run()
+    result = sim.simulate()
     assert result.notices == result.preemptions == 1
     assert_each_micro_batch_once(sim, 2)
     noticed = [r for r in sim.trainer.log if r.kind == "spot" and r.iteration == 0 and len(r.indices) == 3]
@@ -129,14 +129,14 @@ def test_a_notice_finishes_the_micro_batch_in_hand_and_hands_back_the_rest():
 
 
 def test_a_short_notice_reports_what_finished_and_loses_the_micro_batch_in_hand():
-    clean = simulation().run()
+    clean = simulation().simulate()
     mb_s = COST.train_micro_batch_s(512)
     notice_t = first_train_start(clean) + 2.5 * mb_s
     notice_s = 0.3 * mb_s                                  # the third micro-batch cannot finish in time
     long_notice = fake_feed([(0.0, "up", f"n{i}") for i in range(4)])
     short = fake_feed([(notice_t + notice_s, "down", "n0")], notice_s=notice_s)
     sim = simulation(feed=merged_feed(long_notice, short))
-    result = sim.run()
+    result = sim.simulate()
     assert_each_micro_batch_once(sim, 2)
     early = [r for r in sim.trainer.log if r.kind == "spot" and r.iteration == 0 and len(r.indices) == 2]
     assert len(early) == 1 and early[0].accepted
@@ -151,7 +151,7 @@ def test_gradient_bytes_move_time_as_the_cost_model_says():
     for gb in (1.70, 17.0):
         cost = COST.with_overrides({"lora_adapter_gb": gb})
         sim = simulation(ondemand=1, spot=1, cost=cost)
-        result = sim.run()
+        result = sim.simulate()
         spot_reports = sum(1 for r in sim.trainer.log if r.kind == "spot")
         link_s = gb * 1e9 / (cost.network_gb_s * 1e9)
         assert cost.gradient_report_s(True) == pytest.approx(link_s)
@@ -163,7 +163,7 @@ def test_gradient_bytes_move_time_as_the_cost_model_says():
 
 def test_reports_share_the_trainers_network_link():
     sim = simulation(ondemand=1, spot=4)
-    result = sim.run()
+    result = sim.simulate()
     spot_reports = sum(1 for r in sim.trainer.log if r.kind == "spot")
     # the four spot GPUs finish their first leases together: the second waits one link time, the
     # third two, the fourth three (later leases are staggered by those waits)

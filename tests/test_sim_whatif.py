@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from roll_spotlight.sim.run import main
+from roll_spotlight.sim.api import main
 from roll_spotlight.sim.whatif import resolve_market, shipped_trace
 
 SMALL = {"prompts_per_iteration": 4, "group_size": 4}

@@ -305,7 +305,7 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
     off = dataclasses.replace(cfg, spot=SpotConfig())
     reference = LocalBackend(off, random_policy(off))  # the reference loop; test_runtime_ray: Ray == local
     ref_outputs = recorded(reference)
-    ref = Coordinator(off, reference, tmp_path / "off", progress=False).run()
+    ref = Coordinator(off, reference, tmp_path / "off", progress=False).train()
 
     hold = lambda node: {"faults": FaultPlan(hold_at_step=HOLD_AT_STEP)} if node == "synthetic/n0" else {}  # noqa: E731
     backend = RayBackend(cfg, save_random_policy(cfg, tmp_path / "policy.pt"), RayClusterConfig(ondemand_workers=1, trainer_threads=1),
@@ -313,7 +313,7 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
                          spot_worker_kwargs=hold)
     outputs = recorded(backend)
     try:
-        result = Coordinator(cfg, backend, tmp_path / "on", progress=False).run()
+        result = Coordinator(cfg, backend, tmp_path / "on", progress=False).train()
     finally:
         backend.close()
 

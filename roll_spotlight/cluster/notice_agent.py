@@ -198,7 +198,7 @@ def _selector(args):
     return NodeSelector(node_id=args.node_id, node_name=args.node_name, node_ip=args.node_ip)
 
 
-def run(args, *, drainer=None, stop: threading.Event | None = None) -> int:
+def serve(args, *, drainer=None, stop: threading.Event | None = None) -> int:
     """The agent (``drainer`` replaces the Ray one: tests)."""
     from roll_spotlight.cluster.node_drain import RayNodeDrainer
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s notice-agent: %(message)s")
     try:
-        return run(args)
+        return serve(args)
     except ValueError as err:
         print(f"spotlight notice-agent: {err}", file=sys.stderr)
         return 2

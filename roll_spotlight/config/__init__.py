@@ -3,7 +3,8 @@
 `run` holds the sections of a run (`RunConfig` and its parts); `ray_cluster` how a host uses Ray;
 `strict` maps YAML onto dataclasses, rejecting unknown keys and wrong types with errors that name
 the key and the file (the value checks every config class runs are the leaf `roll_spotlight.checks`).
-None of them imports torch, so configs are validated before anything heavy starts. The `run` names are reached lazily, so loading `strict` alone stays light.
+None of them imports torch, so configs are validated before anything heavy starts. The `run` names
+are reached lazily, so loading `strict` alone stays light.
 """
 from __future__ import annotations
 

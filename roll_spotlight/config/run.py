@@ -15,7 +15,7 @@ from typing import Literal
 from roll_spotlight.checks import (require, require_choice, require_each, require_int, require_literals,
                                    require_number)
 from roll_spotlight.dispatch.queue import QueueConfig
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.models.lora import LoraConfig
 from roll_spotlight.tasks.shapes.spec import TAGS
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from roll_spotlight.lazy import lazy_exports
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.models.lora import LoraConfig
 
 _LAZY = {
-    "Conditioning": "roll_spotlight.models.base",
-    "DiTPolicy": "roll_spotlight.models.base",
+    "Conditioning": "roll_spotlight.models.policy",
+    "DiTPolicy": "roll_spotlight.models.policy",
     "TinyShapesDiT": "roll_spotlight.models.tiny",
     "WordTokenizer": "roll_spotlight.models.tiny",
     "load_tiny_policy": "roll_spotlight.models.tiny",

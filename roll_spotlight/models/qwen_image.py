@@ -27,8 +27,8 @@ from diffusers import (
 )
 from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
 
-from roll_spotlight.models.base import Conditioning, DiTPolicy
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.policy import Conditioning, DiTPolicy
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.models.packing import pack_2x2, unpack_2x2
 from roll_spotlight.models.tiny import TORCH_DTYPES
 

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import torch
 from diffusers import QwenImageTransformer2DModel
 
-from roll_spotlight.models.base import Conditioning, DiTPolicy
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.policy import Conditioning, DiTPolicy
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.models.packing import pack_2x2, unpack_2x2
 
 _WORD = re.compile(r"[^\W_]+")

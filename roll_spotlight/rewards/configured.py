@@ -1,7 +1,7 @@
 """The run's reward from its config section, and the task's strict scorer used by validation."""
 from __future__ import annotations
 
-from roll_spotlight.rewards.base import Reward, SafeReward, WeightedReward, build_reward
+from roll_spotlight.rewards.reward import Reward, SafeReward, WeightedReward, build_reward
 
 
 def configured_reward(section) -> Reward:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.rewards.reward import Reward, RewardOutput
 from roll_spotlight.rewards.geneval_rules import (
     Detection,
     GenevalRules,

@@ -10,7 +10,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.rewards.reward import Reward, RewardOutput
 
 
 class JpegCompressibility(Reward):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.rewards.reward import Reward, RewardOutput
 from roll_spotlight.tasks.ocr_text import normalize_text, quoted_target
 
 TextRecognizer = Callable[[np.ndarray], str]  # uint8 RGB (H, W, 3) -> recognised text

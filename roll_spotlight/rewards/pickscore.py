@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.rewards.reward import Reward, RewardOutput
 
 KEY = "reward_fn.kwargs"
 MAX_TEXT_TOKENS = 77  # CLIP's context length

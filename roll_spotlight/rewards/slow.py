@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from roll_spotlight.rewards.base import Reward, RewardOutput, build_reward
+from roll_spotlight.rewards.reward import Reward, RewardOutput, build_reward
 
 
 class SlowReward(Reward):

@@ -21,7 +21,7 @@ from roll_spotlight.roll.environment import (
 )
 
 _LAZY = {
-    "SpotlightConfig": "roll_spotlight.roll.config",
+    "SpotlightConfig": "roll_spotlight.roll.spotlight_config",
     "SpotlightPipeline": "roll_spotlight.roll.pipeline",
     "DiTTrainerWorker": "roll_spotlight.roll.workers",
     "DiTRolloutWorker": "roll_spotlight.roll.workers",

@@ -6,7 +6,7 @@ Resources. The on-demand roles (``actor_train``, ``actor_infer``, ``reward``: RO
 are ROLL ``Cluster`` s placed by ROLL's ``ResourceManager``; the spot workers live in the runtime's elastic pool on Ray, beside them, because
 ROLL clusters are created once and never grow, shrink or replace a worker. With ``dispatch.mode:
 pull`` both pull from one request queue; the trainer publishes each weight version to a weight
-store that the actor_infer ranks and the spot workers fetch from (`roll_spotlight.roll.loop`). The two never compete for a
+store that the actor_infer ranks and the spot workers fetch from (`roll_spotlight.roll.cluster_backend`). The two never compete for a
 GPU: spot nodes advertise their GPUs only as the custom resource ``spot.resource`` (``spot_gpu``,
 see deploy/kuberay), so ROLL, which counts Ray's ``GPU`` resource, sees on-demand GPUs only.
 
@@ -26,7 +26,7 @@ from roll.pipeline.base_pipeline import BasePipeline
 
 from roll_spotlight import plugins
 from roll_spotlight.config.strict import ConfigError
-from roll_spotlight.roll.config import SpotlightConfig
+from roll_spotlight.roll.spotlight_config import SpotlightConfig
 from roll_spotlight.roll.environment import check_environment
 from roll_spotlight.config.run import SPOT_RESOURCE
 
@@ -136,7 +136,7 @@ class SpotlightPipeline(BasePipeline):
     def make_dispatch(self):
         """``dispatch.mode``: the actor_infer ranks' static shares, or the shared queue (+ spot pool,
         + queue training when spot workers train: `start_queue_training`)."""
-        from roll_spotlight.roll.loop import PullDispatch, StaticDispatch
+        from roll_spotlight.roll.cluster_backend import PullDispatch, StaticDispatch
 
         cfg = self.pipeline_config
         if cfg.dispatch.mode == "static":
@@ -206,7 +206,7 @@ class SpotlightPipeline(BasePipeline):
 
     def run(self):
         """The shared iteration loop (runtime Coordinator) on this pipeline's clusters; its RunResult."""
-        from roll_spotlight.roll.loop import drive
+        from roll_spotlight.roll.cluster_backend import drive
 
         self.start_spot()
         return drive(self)

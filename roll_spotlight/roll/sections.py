@@ -47,7 +47,7 @@ from roll_spotlight.config.run import (
 )
 from roll_spotlight.config.strict import ConfigError, from_dict
 from roll_spotlight.checks import require, require_each, require_int, require_number
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.model_config import ModelConfig
 
 ROLE_NAMES = ("actor_train", "actor_infer", "reward")
 # What each role runs when the recipe does not say: (worker class, strategy in roll_spotlight.strategies)

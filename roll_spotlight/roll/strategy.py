@@ -83,7 +83,7 @@ class DiffusersRolloutStrategy:
         from roll_spotlight.worker.loop import WorkerLoop
 
         loop = WorkerLoop(client, self.compute, sink=self.sink)
-        counters = loop.run(idle=lambda: True, group=self.sp_group)
+        counters = loop.serve(idle=lambda: True, group=self.sp_group)
         return counters["completed"] + counters["micro_batches"] if self.leader else 0
 
     def _run(self, lease):

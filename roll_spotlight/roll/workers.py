@@ -9,7 +9,7 @@ opt-in ``strategy_literal`` patch lets ROLL parse it, ``strategy_args.strategy_n
 (``actor_infer`` takes no ``strategy_args``: ROLL asserts vLLM/SGLang there).
 
 Dispatch modes: rollouts and rewards are ``ALL_TO_ALL``: the backend hands each rank its own
-contiguous share (`roll_spotlight.roll.loop.split_even`), so a batch need not divide the world
+contiguous share (`roll_spotlight.roll.cluster_backend.split_even`), so a batch need not divide the world
 size (ROLL's ``DP_MP_COMPUTE`` asserts it does); in pull mode every rollout rank ``drain`` s the
 shared queue instead. Weights travel through the run's weight store, never through the driver.
 

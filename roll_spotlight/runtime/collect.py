@@ -3,7 +3,7 @@
 Every host waits for rollouts the same way: each round it runs `tick` (apply due spot-market events,
 restart ROLL rollout drains, top up a replay's backlog), takes the queue's completed results and
 hands them on, then sleeps `poll_s` until `done()`. Workers pull; nothing is pushed. Used by the Ray
-backend (`ray_backend.RayBackend.rollouts`), the ROLL host (`roll.loop.PullDispatch`) and
+backend (`ray_backend.RayBackend.rollouts`), the ROLL host (`roll.cluster_backend.PullDispatch`) and
 `python -m benchmarks.replay` (`benchmarks.replay`).
 """
 from __future__ import annotations

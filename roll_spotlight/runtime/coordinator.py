@@ -120,7 +120,7 @@ class Coordinator:
         self.explorers: dict[int, int] = {}  # iteration -> spot workers that explored first while it trained
         self.iteration_s: dict[int, float] = {}
 
-    def run(self) -> RunResult:
+    def train(self) -> RunResult:
         from tqdm import tqdm
 
         if self.base is None:
@@ -208,7 +208,7 @@ class Coordinator:
             return 0
         nxt = iteration_specs(self.cfg, self.pool, it + 1, self.backend.weight_version)
         self.pending = self._round(nxt, it + 1, self.backend.weight_version, budget)
-        return self.pending.run(self.backend, keep_going=lambda: self.backend.training(handle))
+        return self.pending.explore(self.backend, keep_going=lambda: self.backend.training(handle))
 
     def _explore_fresh(self, specs: list[RequestSpec], it: int):
         """Exploration on the critical path: explore with the current weights, train on the selection.
@@ -217,7 +217,7 @@ class Coordinator:
         if budget == 0:
             return specs, self.backend.rollouts(specs), 0, None
         rnd = self._round(specs, it, self.backend.weight_version, budget)
-        explored = rnd.run(self.backend)
+        explored = rnd.explore(self.backend)
         chosen = self._with_seeds(specs, rnd.selection())
         reusable = {} if rnd.schedule != specs[0].schedule else rnd.explored
         missing = [s for s, slot in zip(chosen, self._slots(chosen)) if (slot, s.seed) not in reusable]

@@ -102,7 +102,7 @@ class ExplorationRound(_Pools):
         return RequestSpec(prompt_id=pid, prompt=text, seed=int(seed), schedule=self.schedule,
                            weight_version=self.weight_version, kind=RequestKind.EXPLORE, iteration=self.iteration)
 
-    def run(self, backend, keep_going: Callable[[], bool] = lambda: True) -> int:
+    def explore(self, backend, keep_going: Callable[[], bool] = lambda: True) -> int:
         """Explore until the budget is spent or `keep_going()` is false; returns seeds explored."""
         explored = 0
         while keep_going() and (pull := self.planner.next_pull(0.0)) is not None:

@@ -143,7 +143,7 @@ class QueueTraining:
             return ray.get(self.queue.unfinished.remote(ids)) == 0
 
         if self.pulls:
-            WorkerLoop(self.client, self.compute, sink=own, kinds=TRAIN_ONLY).run(idle=finished)
+            WorkerLoop(self.client, self.compute, sink=own, kinds=TRAIN_ONLY).serve(idle=finished)
         else:  # each poll is a call to the queue actor the workers are calling: back off a little
             wait = POLL_MIN_S
             while not finished():

@@ -5,17 +5,17 @@ critical path / naive spot / Spotlight / Spotlight with spot training on one clu
 trace, driving the runtime's own policies (request queue, exploration planner, SP group planner).
 Every number it produces is simulated; see ``costmodel`` for where each constant comes from.
 
-The entry points (``simulate``, ``project``, ``time_to_target``, ``main``) live in ``run`` and are
-loaded on first use, so ``python -m roll_spotlight.sim.run`` does not import ``run`` twice.
+The entry points (``simulate``, ``project``, ``time_to_target``, ``main``) live in ``api`` and are
+loaded on first use, so ``python -m roll_spotlight.sim.api`` does not import ``api`` twice.
 """
 from __future__ import annotations
 
 from roll_spotlight.lazy import lazy_exports
 from roll_spotlight.sim.baselines import BASELINES, BaselineSpec, get_baseline
 from roll_spotlight.sim.costmodel import CONSTANTS, Constant, CostModel
-from roll_spotlight.sim.engine import EventLoop
+from roll_spotlight.sim.events import EventLoop
 
-_LAZY = dict.fromkeys(("main", "project", "simulate", "time_to_target"), "roll_spotlight.sim.run")
+_LAZY = dict.fromkeys(("main", "project", "simulate", "time_to_target"), "roll_spotlight.sim.api")
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 

@@ -40,9 +40,9 @@ from roll_spotlight.elastic.group_plan import Plan, SPGroup, plan_groups
 from roll_spotlight.exploration.bandit import BanditPlanner, PlannerConfig, Pull, seed_stream
 from roll_spotlight.exploration.select import select_max_variance
 from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Training
-from roll_spotlight.sim.cluster import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name
+from roll_spotlight.sim.gpu_inventory import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name
 from roll_spotlight.sim.costmodel import CostModel
-from roll_spotlight.sim.engine import PRIORITY_MARKET, EventHandle, EventLoop
+from roll_spotlight.sim.events import PRIORITY_MARKET, EventHandle, EventLoop
 from roll_spotlight.sim.synthetic_rewards import SyntheticRewards
 from roll_spotlight.sim.spotfeed import SpotFeed
 from roll_spotlight.sim.update_model import QueueTrainer, TrainRun
@@ -177,7 +177,7 @@ class BaselineResult:
 
 
 class ClusterSimulation:
-    """Composition root of one simulated run; ``run()`` returns a :class:`BaselineResult`."""
+    """Composition root of one simulated run; ``simulate()`` returns a :class:`BaselineResult`."""
 
     def __init__(self, spec: BaselineSpec, config: SimConfig, cost: CostModel, feed: SpotFeed) -> None:
         self.spec, self.config, self.cost, self.feed = spec, config, cost, feed
@@ -221,12 +221,12 @@ class ClusterSimulation:
         self.trainer = QueueTrainer(self) if spec.training is Training.QUEUE else None
 
     # ================================================================ run (table of contents)
-    def run(self) -> BaselineResult:
+    def simulate(self) -> BaselineResult:
         self._start_ondemand()
         if self.spec.uses_spot:
             self._schedule_market()
         self.loop.schedule(0.0, self._begin_iteration)
-        self.loop.run(until=self.config.max_sim_s, stop=lambda: self._done)
+        self.loop.run_until(self.config.max_sim_s, stop=lambda: self._done)
         if not self._done:
             raise RuntimeError(f"{self.spec.name}: {len(self._iteration_starts)} of "
                                f"{self.config.iterations} iterations done by t={self.loop.now:.0f} s")

@@ -29,9 +29,9 @@ from typing import Any, Iterable, Mapping, Protocol
 from roll_spotlight.dispatch.queue import RequestQueue
 from roll_spotlight.dispatch.requests import Lease, RequestKind, RequestSpec, Schedule, plan_micro_batches
 from roll_spotlight.elastic.group_plan import SPGroup
-from roll_spotlight.sim.cluster import GpuKind, Member, Phase
+from roll_spotlight.sim.gpu_inventory import GpuKind, Member, Phase
 from roll_spotlight.sim.costmodel import CostModel
-from roll_spotlight.sim.engine import EventHandle, EventLoop
+from roll_spotlight.sim.events import EventHandle, EventLoop
 
 TRAINER_NODE = "od0"   # the optimizer's owner: the first on-demand node
 _EPS = 1e-9

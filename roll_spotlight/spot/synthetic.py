@@ -78,7 +78,7 @@ def synthetic_trace(config: SyntheticTraceConfig = DEFAULT_SYNTHETIC, **override
     ``synthetic_trace(nodes=8, mtbp_s=600, seed=1)`` is the usual call.
     """
     cfg = replace(config, **overrides)
-    events = _FleetSim(cfg).run()
+    events = _FleetSim(cfg).simulate()
     return Trace(
         name=f"synthetic/{cfg.zone}-seed{cfg.seed}", kind="events", measures="running",
         provider=cfg.provider, zones={cfg.zone: EventList(tuple(events), 0.0, cfg.span_s)},
@@ -101,7 +101,7 @@ class _FleetSim:
         self.batches = 0
         self.short_batches = 0  # cut short or dropped: fewer nodes alive than drawn
 
-    def run(self) -> list[NodeEvent]:
+    def simulate(self) -> list[NodeEvent]:
         for _ in range(self.cfg.nodes):
             self._add(0.0)
         t = 0.0

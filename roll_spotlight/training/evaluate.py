@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roll_spotlight.rewards.base import as_uint8_images
+from roll_spotlight.rewards.reward import as_uint8_images
 from roll_spotlight.training.prompt_pools import ValidationSet
 from roll_spotlight.training.sampling import eval_spec, generate_in_chunks
 

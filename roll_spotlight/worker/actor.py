@@ -106,7 +106,7 @@ class RolloutWorker:
         if sp is not None:
             self._set_group(sp, group_name)
         if self.sp is None:
-            self.loop.run()
+            self.loop.serve()
             return self.stats()
         t0 = time.time()
         group = self.compute.join_group(self.sp)
@@ -114,7 +114,7 @@ class RolloutWorker:
         self.loop.events.append({"worker": self.name, "phase": "sp_join", "start": t0, "end": time.time(),
                                  "prefix": self.sp.prefix, "size": self.sp.size})
         try:
-            self.loop.run(group=group)
+            self.loop.serve(group=group)
         finally:
             group.close()
         return self.stats()

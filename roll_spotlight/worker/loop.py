@@ -118,7 +118,7 @@ class WorkerLoop:
     def leader(self) -> bool:
         return self.group is None or self.group.leader
 
-    def run(self, idle: Callable[[], bool] = lambda: False, group=None) -> dict:
+    def serve(self, idle: Callable[[], bool] = lambda: False, group=None) -> dict:
         """Lease and run until a signal ends the loop, or a pull leases nothing and ``idle()`` is
         True (a drain; it must answer alike on every rank of ``group``). Returns the counters.
         A failure in a group (a member died) abandons the group on the way out, so that every

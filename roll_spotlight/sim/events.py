@@ -88,7 +88,7 @@ class EventLoop:
             return True
         return False
 
-    def run(self, until: float | None = None, stop: Callable[[], bool] | None = None) -> None:
+    def run_until(self, until: float | None = None, stop: Callable[[], bool] | None = None) -> None:
         """Run events until the heap is empty, the next event is after ``until``, or ``stop()``."""
         while self._heap:
             if stop is not None and stop():

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from roll_spotlight.models.config import ModelConfig
+from roll_spotlight.models.model_config import ModelConfig
 from roll_spotlight.models.guidance import check_guidance, true_cfg
 from roll_spotlight.models.lora import ADAPTER_NAME, LoraConfig, apply_lora, is_lora_key
 from roll_spotlight.models.packing import img_shapes_for

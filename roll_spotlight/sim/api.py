@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from roll_spotlight.sim.baselines import BASELINES, get_baseline
-from roll_spotlight.sim.budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
+from roll_spotlight.sim.shape_budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
                                        fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.gpus import gpu_spec
@@ -65,7 +65,7 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
                        gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
                        record_timeline=timeline)
-    results = {spec.name: ClusterSimulation(spec, config, cost, feed).run() for spec in specs}
+    results = {spec.name: ClusterSimulation(spec, config, cost, feed).simulate() for spec in specs}
     baselines = {name: _result_dict(r, timeline) for name, r in results.items()}
     fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
     return {
@@ -104,7 +104,7 @@ def _fair_cost_vanilla(baselines: dict, config: SimConfig, cost: CostModel, feed
         gpus = fair_cost_ondemand(system, price, minimum=config.ondemand)
         if gpus not in runs:
             fair_config = dataclasses.replace(config, ondemand=gpus, spot=0)
-            runs[gpus] = _result_dict(ClusterSimulation(get_baseline("vanilla"), fair_config, cost, feed).run(),
+            runs[gpus] = _result_dict(ClusterSimulation(get_baseline("vanilla"), fair_config, cost, feed).simulate(),
                                       timeline)
         key = fair_cost_baseline(name)
         baselines[key] = runs[gpus] | {"name": key, "ondemand_gpus": gpus, "spot_gpus": 0}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roll_spotlight.checks import require_choice, require_number
-from roll_spotlight.rewards.base import Reward, RewardOutput
+from roll_spotlight.rewards.reward import Reward, RewardOutput
 from roll_spotlight.tasks.shapes.detect import DetectorConfig, score
 from roll_spotlight.tasks.shapes.prompts import parse_prompt
 from roll_spotlight.tasks.shapes.spec import SceneSpec

@@ -43,7 +43,7 @@ def drive(pipeline):
 
     backend = RollClusterBackend(pipeline)
     try:
-        return Coordinator(pipeline.run_config, backend, pipeline.run_dir, progress=False).run()
+        return Coordinator(pipeline.run_config, backend, pipeline.run_dir, progress=False).train()
     finally:
         backend.close()
 
@@ -63,7 +63,7 @@ def concat(chunks: list[list]) -> list:
 class RolloutDispatch(Protocol):
     """How rollout and explore requests reach workers (``dispatch.mode``)."""
 
-    def run(self, specs: list) -> list: ...  # RolloutOutput in the order of specs
+    def rollouts(self, specs: list) -> list: ...  # RolloutOutput in the order of specs
     def tick(self) -> None: ...  # called while the driver waits (spot pool events)
     def place_spot(self, share: float) -> int: ...  # queue training: spot workers exploring first
     def is_spot(self, worker: str) -> bool: ...  # queue training: a name in the queue, a spot worker's?
@@ -79,7 +79,7 @@ class StaticDispatch:
     def __init__(self, rollout, sp_degree: int = 1) -> None:
         self.rollout, self.sp_degree = rollout, sp_degree
 
-    def run(self, specs: list) -> list:
+    def rollouts(self, specs: list) -> list:
         world, sp = self.rollout.world_size, self.sp_degree
         shares = split_even(specs, world // sp)
         outputs = self.rollout.rollouts([shares[rank // sp] for rank in range(world)])
@@ -116,7 +116,7 @@ class PullDispatch:
         self.rollout, self.queue, self.spot, self.poll_s = rollout, queue, spot, poll_s
         self._drains: list = []  # the rollout ranks' drain() calls in flight
 
-    def run(self, specs: list) -> list:
+    def rollouts(self, specs: list) -> list:
         from roll_spotlight.runtime.collect import collect
 
         completions = collect(self.queue, specs, tick=self.tick, poll_s=self.poll_s,
@@ -177,7 +177,7 @@ class RollClusterBackend:
 
     def rollouts(self, specs: list, phase: str = "rollout") -> list:
         t0 = time.monotonic()
-        outputs = self.dispatch.run(list(specs))
+        outputs = self.dispatch.rollouts(list(specs))
         self._phase(phase, t0)
         return outputs
 
