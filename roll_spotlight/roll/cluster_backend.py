@@ -32,6 +32,7 @@ import numpy as np
 import ray
 
 from roll_spotlight.runtime.update_report import UpdateReport, update_report
+from roll_spotlight.timeline import Timeline
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.02  # how often the driver ticks while it waits for an update
@@ -170,16 +171,11 @@ class RollClusterBackend:
         self.dispatch: RolloutDispatch = pipeline.dispatch
         self.tracker = pipeline.tracker
         self.weight_version = 0
-        self._timeline: list[dict] = []
-
-    def _phase(self, phase: str, start: float) -> None:
-        self._timeline.append({"worker": "roll", "phase": phase, "start": start, "end": time.monotonic()})
+        self._timeline = Timeline("roll", time.monotonic)
 
     def rollouts(self, specs: list, phase: str = "rollout") -> list:
-        t0 = time.monotonic()
-        outputs = self.dispatch.rollouts(list(specs))
-        self._phase(phase, t0)
-        return outputs
+        with self._timeline.phase(phase):
+            return self.dispatch.rollouts(list(specs))
 
     def rollouts_scored(self, specs) -> tuple[list, object]:
         """Rollouts, then their rewards (no overlap on this backend)."""
@@ -196,10 +192,9 @@ class RollClusterBackend:
     def score(self, images: np.ndarray, prompts: list[str]):
         from roll_spotlight.rewards import RewardOutput
 
-        t0 = time.monotonic()
         world = self.reward.world_size
-        pairs = concat(self.reward.score(split_even(list(images), world), split_even(list(prompts), world)))
-        self._phase("reward", t0)
+        with self._timeline.phase("reward"):
+            pairs = concat(self.reward.score(split_even(list(images), world), split_even(list(prompts), world)))
         rewards, fallback = (np.asarray(col, dtype=np.float64) for col in zip(*pairs))
         return RewardOutput(rewards, {"reward_fallback": fallback})
 
@@ -228,17 +223,15 @@ class RollClusterBackend:
         while self.training(handle):
             time.sleep(POLL_S)
         result, self.weight_version = ray.get(refs)[0]  # every rank reports the same (global) metrics
-        self._phase("train", t0)
+        self._timeline.add("train", t0)
         report = update_report(result, self.dispatch.is_spot, self.dispatch.metrics())
         self.tracker.log(values={k: v for k, v in report.metrics.items() if isinstance(v, (int, float))},
                          step=self.weight_version)
         return report
 
     def evaluate(self):
-        t0 = time.monotonic()
-        result = self.trainer.evaluate()
-        self._phase("validate", t0)
-        return result
+        with self._timeline.phase("validate"):
+            return self.trainer.evaluate()
 
     def save_checkpoint(self, path: Path) -> None:
         self.trainer.save_checkpoint(str(path))
@@ -247,7 +240,7 @@ class RollClusterBackend:
         self.weight_version = self.trainer.load_checkpoint(str(path))
 
     def timeline(self) -> list[dict]:
-        return list(self._timeline)
+        return list(self._timeline.events)
 
     def close(self) -> None:
         self.dispatch.close()

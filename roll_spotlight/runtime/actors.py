@@ -13,11 +13,11 @@ intra-op threads (`worker.actor.pin_threads`).
 from __future__ import annotations
 
 import logging
-import time
 
 import ray
 
 from roll_spotlight.config.run import ONDEMAND_RESOURCE, SPOT_RESOURCE
+from roll_spotlight.timeline import Timeline
 from roll_spotlight.worker.actor import pin_threads
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,8 @@ class TrainerActor:
         self.core = build_trainer_core(cfg, policy_path)
         self.store = store
         self.queue = None  # queue training (use_queue_training)
-        self.events: list[dict] = []
+        self.phases = Timeline("trainer")
         self.publish()
-
-    def _record(self, phase: str, start: float) -> None:
-        self.events.append({"worker": "trainer", "phase": phase, "start": start, "end": time.time()})
 
     def publish(self) -> int:
         self.store.publish(self.core.weight_version, self.core.policy.published_state())
@@ -54,19 +51,15 @@ class TrainerActor:
 
     def train(self, outputs, prompts, group_ids, rewards, baselines=None):
         """One update (a `training.grpo.UpdateResult`), then its weights published."""
-        t0 = time.time()
-        result = self.core.train(outputs, prompts, group_ids, rewards, baselines, queue=self.queue)
-        self._record("train", t0)
-        t0 = time.time()
-        self.publish()
-        self._record("publish", t0)
+        with self.phases.phase("train"):
+            result = self.core.train(outputs, prompts, group_ids, rewards, baselines, queue=self.queue)
+        with self.phases.phase("publish"):
+            self.publish()
         return result
 
     def evaluate(self):
-        t0 = time.time()
-        result = self.core.evaluate()
-        self._record("validate", t0)
-        return result
+        with self.phases.phase("validate"):
+            return self.core.evaluate()
 
     def weight_version(self) -> int:
         return self.core.weight_version
@@ -79,7 +72,7 @@ class TrainerActor:
         return self.publish()
 
     def timeline(self) -> list[dict]:
-        return list(self.events)
+        return list(self.phases.events)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=3)
@@ -117,7 +110,7 @@ class RewardActor:
             from roll_spotlight.runtime.emulated_trainer import EmulatedReward
 
             self.reward_fn = EmulatedReward.servers(emulation, cfg.reward.world_size)
-        self.events: list[dict] = []
+        self.phases = Timeline("reward")
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self._crash_at = None if self.restarted else crash_at_batch
         self._results: dict = {}
@@ -132,11 +125,10 @@ class RewardActor:
 
             log.warning("reward actor: injected crash at batch %d", self._crash_at)
             os._exit(1)
-        t0 = time.time()
-        out = self.reward_fn(images, list(prompts))
+        with self.phases.phase("reward"):
+            out = self.reward_fn(images, list(prompts))
         self.counters["batches"] += 1
         self.counters["samples"] += len(prompts)
-        self.events.append({"worker": "reward", "phase": "reward", "start": t0, "end": time.time()})
         if batch_id is not None:
             self._results[batch_id] = out
             while len(self._results) > self.KEEP_RESULTS:
@@ -147,4 +139,4 @@ class RewardActor:
         return dict(self.counters) | {"restarted": self.restarted}
 
     def timeline(self) -> list[dict]:
-        return list(self.events)
+        return list(self.phases.events)

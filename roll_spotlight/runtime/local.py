@@ -15,6 +15,7 @@ from roll_spotlight.worker.engine import Finished, RolloutExecutor
 from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
+from roll_spotlight.timeline import Timeline
 
 WORKER = "local"
 
@@ -37,7 +38,7 @@ class LocalBackend:
         self.executor = RolloutExecutor(policy)
         self.stale: RolloutExecutor | None = None
         self.stale_version: int | None = None
-        self._timeline: list[dict] = []
+        self._timeline = Timeline(WORKER, time.monotonic)
         self._version = self.core.weight_version
 
     @property
@@ -50,15 +51,10 @@ class LocalBackend:
         """
         return self._version
 
-    def _phase(self, phase: str, start: float) -> None:
-        self._timeline.append({"worker": WORKER, "phase": phase, "start": start, "end": time.monotonic()})
-
     def rollouts(self, specs, phase: str = "rollout") -> list:
-        t0 = time.monotonic()
-        self.executor.invalidate()  # weights changed since the last iteration
-        outputs = drain_local(self.queue, specs, self._run)
-        self._phase(phase, t0)
-        return outputs
+        with self._timeline.phase(phase):
+            self.executor.invalidate()  # weights changed since the last iteration
+            return drain_local(self.queue, specs, self._run)
 
     def _run(self, lease):
         outcome = self._executor_for(lease.request.weight_version).run(lease)
@@ -85,20 +81,16 @@ class LocalBackend:
         return self.stale
 
     def score(self, images: np.ndarray, prompts: list[str]):
-        t0 = time.monotonic()
-        out = self.core.reward_fn(images, prompts)
-        self._phase("reward", t0)
-        return out
+        with self._timeline.phase("reward"):
+            return self.core.reward_fn(images, prompts)
 
     def start_train(self, outputs, prompts, group_ids, rewards, baselines=None):
         """Runs the update now; keeps the pre-update weights when exploration will need them.
         `baselines`: per-sample advantage baselines (`exploration.baseline: pool`), or None."""
         if self.core.cfg.exploration.mode == "stale":
             self._keep_stale_copy()
-        t0 = time.monotonic()
-        result = self.core.train(outputs, prompts, group_ids, rewards, baselines)
-        self._phase("train", t0)
-        return result
+        with self._timeline.phase("train"):
+            return self.core.train(outputs, prompts, group_ids, rewards, baselines)
 
     def training(self, handle) -> bool:
         """In one process exploration runs after the update, bounded by its seed budget only."""
@@ -121,10 +113,8 @@ class LocalBackend:
         self.stale_version = self.core.weight_version
 
     def evaluate(self):
-        t0 = time.monotonic()
-        result = self.core.evaluate()
-        self._phase("validate", t0)
-        return result
+        with self._timeline.phase("validate"):
+            return self.core.evaluate()
 
     def save_checkpoint(self, path: Path) -> None:
         self.core.save(path)
@@ -134,7 +124,7 @@ class LocalBackend:
         self._version = self.core.weight_version
 
     def timeline(self) -> list[dict]:
-        return list(self._timeline)
+        return list(self._timeline.events)
 
     def close(self) -> None:
         pass

@@ -44,6 +44,7 @@ from roll_spotlight.worker.emulated import Emulation
 from roll_spotlight.worker.policy_source import worker_gpus
 from roll_spotlight.runtime.update_report import UpdateReport, update_report
 from roll_spotlight.config.run import RunConfig
+from roll_spotlight.timeline import Timeline
 
 log = logging.getLogger(__name__)
 SPOT_MAX_ATTEMPTS = 1_000_000  # kills are the market's doing, not the request's: never give up on one
@@ -169,7 +170,7 @@ class RayBackend:
         self._spot_inbox = self.inbox if cfg.spot_trains() else None  # spot workers train, or only explore
         self._add_workers("ondemand", ONDEMAND, self.cluster.ondemand_workers)
         self._add_workers("spot", SPOT, self.cluster.spot_workers)
-        self._events: list[dict] = []
+        self._phases = Timeline("driver")
         self._market_at_train = (0, 0)
         self.spot = None
         if cfg.spot.enabled:
@@ -261,9 +262,8 @@ class RayBackend:
         self.batch_ids.collected(specs)
         scorer = StreamingScorer(self.rewards, self.batch_ids, self.reward_cfg.batch_size)
         completions = self._collect(specs, lambda c: scorer.add(c.request.request_id, c.request.prompt, c.output.image))
-        t0 = time.time()
-        scored = scorer.result([c.request.request_id for c in completions])
-        self._events.append({"worker": "driver", "phase": "wait_rewards", "start": t0, "end": time.time()})
+        with self._phases.phase("wait_rewards"):
+            scored = scorer.result([c.request.request_id for c in completions])
         return [c.output for c in completions], scored
 
     def _collect(self, specs, on_completion=None) -> list:
@@ -281,7 +281,7 @@ class RayBackend:
 
         completions = collect(self.queue, specs, poll_s=self.cluster.poll_s, on_completion=completed,
                               tick=spot.poll if spot is not None else lambda: None)
-        self._events.append({"worker": "driver", "phase": "wait_rollouts", "start": t0, "end": time.time()})
+        self._phases.add("wait_rollouts", t0)
         return completions
 
     def score(self, images: np.ndarray, prompts: list[str]):
@@ -337,7 +337,7 @@ class RayBackend:
         self.weight_version = ray.get(self.trainer.weight_version.remote())
 
     def timeline(self) -> list[dict]:
-        events = list(self._events) + ray.get(self.trainer.timeline.remote())
+        events = list(self._phases.events) + ray.get(self.trainer.timeline.remote())
         events += [e for timeline in ray.get([r.timeline.remote() for r in self.rewards]) for e in timeline]
         for worker in self.workers.values():
             events += ray.get(worker.timeline.remote())
