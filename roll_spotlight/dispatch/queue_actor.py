@@ -84,58 +84,32 @@ class QueueServer:
         self._tick()
         return self._call("submit", specs=list(specs))
 
-    def pull(
-        self,
-        worker: str,
-        n: int = 1,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> list[Lease]:
+    def pull(self, worker: str, n: int = 1, **options) -> list[Lease]:
+        """``RequestQueue.pull`` on the actor's clock; ``options`` are its lease options."""
         now = self._tick()
         refused = self._refusals()
         return self._call("pull", record=lambda leases: bool(leases) or self._refusals() > refused,
-                          worker=worker, n=n, now=now, max_lease_s=max_lease_s, est_duration_s=est_duration_s,
-                          kinds=None if kinds is None else tuple(kinds))  # an empty pull changes nothing
+                          worker=worker, n=n, now=now, **lease_options(**options))  # an empty pull changes nothing
 
-    def pull_batch(
-        self,
-        worker: str,
-        n: int | None = None,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> list[Lease]:
+    def pull_batch(self, worker: str, n: int | None = None, **options) -> list[Lease]:
         """``pull`` of up to ``n`` requests, ``QueueConfig.pull_batch`` (``dispatch.pull_batch``)
         when ``n`` is None. The count is resolved here, so the journal records it explicitly."""
-        return self.pull(worker, self._batch(n), max_lease_s=max_lease_s, est_duration_s=est_duration_s,
-                         kinds=kinds)
+        return self.pull(worker, self._batch(n), **options)
 
     def complete_many(self, results: Iterable[RequestResult]) -> list[bool]:
         """Several ``complete`` in one call (one journal record); one verdict per result."""
         now = self._tick()
         return self._call("complete_many", results=list(results), now=now)
 
-    def complete_and_pull(
-        self,
-        worker: str,
-        results: Iterable[RequestResult],
-        n: int | None = None,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> tuple[list[bool], list[Lease]]:
+    def complete_and_pull(self, worker: str, results: Iterable[RequestResult], n: int | None = None,
+                          **options) -> tuple[list[bool], list[Lease]]:
         """A worker's steady state in one round trip and one journal record: complete the results
         of its last batch, lease the next (``n`` as in ``pull_batch``)."""
         now = self._tick()
         results, refused = list(results), self._refusals()
         return self._call("complete_and_pull",
                           record=lambda out: bool(results) or bool(out[1]) or self._refusals() > refused,
-                          worker=worker, results=results, n=self._batch(n), now=now, max_lease_s=max_lease_s,
-                          est_duration_s=est_duration_s, kinds=None if kinds is None else tuple(kinds))
+                          worker=worker, results=results, n=self._batch(n), now=now, **lease_options(**options))
 
     def _batch(self, n: int | None) -> int:
         return self._queue.config.pull_batch if n is None else n
@@ -239,6 +213,13 @@ class QueueServer:
         return getattr(self, "recovered", 0)
 
 
+def lease_options(*, max_lease_s: float | None = None, est_duration_s: float | None = None,
+                  kinds: Collection[RequestKind] | None = None) -> dict:
+    """The lease options of ``RequestQueue.pull``, checked by name, ``kinds`` as a tuple (journalled)."""
+    return {"max_lease_s": max_lease_s, "est_duration_s": est_duration_s,
+            "kinds": None if kinds is None else tuple(kinds)}
+
+
 QueueActor = ray.remote(num_cpus=0)(QueueServer)
 
 
@@ -278,34 +259,15 @@ class QueueClient:
     handle: ray.actor.ActorHandle
     worker: str
 
-    def pull(
-        self,
-        n: int = 1,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> list[Lease]:
-        call = self.handle.pull.remote(
-            self.worker, n, max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds
-        )
-        return ray.get(call)
+    def pull(self, n: int = 1, **options) -> list[Lease]:
+        """Lease up to ``n`` requests; ``options``: the lease options of ``RequestQueue.pull``."""
+        return ray.get(self.handle.pull.remote(self.worker, n, **options))
 
-    def pull_batch(
-        self,
-        n: int | None = None,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> list[Lease]:
+    def pull_batch(self, n: int | None = None, **options) -> list[Lease]:
         """Lease up to ``n`` requests in one round trip (the queue's ``dispatch.pull_batch`` when
         None). Work through them in order, heartbeat between them, and on a notice commit the one
         in flight, then ``release()`` the rest."""
-        call = self.handle.pull_batch.remote(
-            self.worker, n, max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds
-        )
-        return ray.get(call)
+        return ray.get(self.handle.pull_batch.remote(self.worker, n, **options))
 
     def complete(self, lease: Lease, output: object) -> bool:
         return ray.get(self.handle.complete.remote(lease.result(output)))
@@ -314,22 +276,12 @@ class QueueClient:
         """Complete several ``(lease, output)`` pairs in one round trip; one verdict each."""
         return ray.get(self.handle.complete_many.remote([lease.result(output) for lease, output in done]))
 
-    def complete_and_pull(
-        self,
-        done: Iterable[tuple[Lease, object]],
-        n: int | None = None,
-        *,
-        max_lease_s: float | None = None,
-        est_duration_s: float | None = None,
-        kinds: Collection[RequestKind] | None = None,
-    ) -> tuple[list[bool], list[Lease]]:
+    def complete_and_pull(self, done: Iterable[tuple[Lease, object]], n: int | None = None,
+                          **options) -> tuple[list[bool], list[Lease]]:
         """Complete ``(lease, output)`` pairs and lease the next batch in one round trip; returns
         (one verdict per pair, the new leases)."""
-        call = self.handle.complete_and_pull.remote(
-            self.worker, [lease.result(output) for lease, output in done], n,
-            max_lease_s=max_lease_s, est_duration_s=est_duration_s, kinds=kinds,
-        )
-        return ray.get(call)
+        results = [lease.result(output) for lease, output in done]
+        return ray.get(self.handle.complete_and_pull.remote(self.worker, results, n, **options))
 
     def complete_all(self, leases: Iterable[Lease]) -> bool:
         """End ``leases`` together or not at all (``RequestQueue.complete_all``); True if accepted."""
