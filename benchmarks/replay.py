@@ -492,7 +492,7 @@ def drive_live(cfg: TraceRunConfig, rt: _Runtime, pool, stream: RequestStream, *
 
 
 def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing) -> dict:
-    from roll_spotlight.spot_pool.training_pool import regroup_metrics, time_lost_per_preemption
+    from roll_spotlight.spot_pool.training_pool import regroup_metrics
 
     results, pool, queue_stats = live.results, live.pool, live.queue_stats
     completions = results.completions.values()
@@ -539,6 +539,18 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
 
 # ---------------------------------------------------------------------------------------------
 # Command line
+
+
+def time_lost_per_preemption(reports) -> dict[str, float | int | None]:
+    """Median and max of ``loss_regroup_seconds`` (None without a regroup after a loss)."""
+    from roll_spotlight.spot_pool.training_pool import loss_regroup_seconds
+
+    lost = sorted(loss_regroup_seconds(reports))
+    if not lost:
+        return {"count": 0, "median": None, "max": None}
+    mid = len(lost) // 2
+    median = lost[mid] if len(lost) % 2 else (lost[mid - 1] + lost[mid]) / 2
+    return {"count": len(lost), "median": median, "max": lost[-1]}
 
 
 def build_parser() -> argparse.ArgumentParser:

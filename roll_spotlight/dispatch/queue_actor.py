@@ -13,8 +13,7 @@ almost no work and must not take a CPU slot from a rollout worker.
 Throughput: a call's cost is mostly Ray's (the RPC, task bookkeeping, pickling), not the queue's,
 so a puller that wants thousands of requests a second from one actor batches: ``pull_batch``
 leases ``dispatch.pull_batch`` requests in one call and ``complete_and_pull`` reports a batch and
-leases the next in one call (one round trip and one journal record a batch). An async actor was
-tried and was no faster: the work is CPU-bound under one GIL either way.
+leases the next in one call (one round trip and one journal record a batch).
 """
 from __future__ import annotations
 

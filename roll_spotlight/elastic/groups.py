@@ -117,11 +117,6 @@ class ElasticGroups:
         lease); call :meth:`regroup` to form their groups."""
         self.workers.update(workers)
 
-    def name_of(self, member: Member) -> str | None:
-        """The queue name of the group ``member`` serves in (None when it is in none)."""
-        group = self.plan.group_of(member) if self.plan is not None else None
-        return None if group is None else self.names.get(group)
-
     def notice(self, members: Iterable[Member], seconds_left: float) -> None:
         """A preemption notice to each of ``members``: their groups commit after the step in hand
         and stop; :meth:`regroup` with them as ``lost`` re-forms the survivors."""

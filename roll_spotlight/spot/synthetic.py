@@ -1,4 +1,4 @@
-"""Synthetic spot traces for users without a trace file (the repository ships no trace data).
+"""Synthetic spot traces, for runs that name no trace file.
 
 Model: a fleet of ``nodes`` spot nodes all join at t = 0. Preemption batches arrive as a Poisson
 process with mean gap ``mtbp_s``; a batch reclaims a geometric (default) or 1 + Poisson number of
@@ -8,26 +8,9 @@ finds fewer nodes alive than it drew is cut short (dropped when none is alive) a
 logged: measured MTBP and batch size match the request only while the fleet rarely runs dry, which
 holds for the defaults.
 
-``DEFAULT_SYNTHETIC`` imitates the Bamboo AWS p3 trace (``bamboo-spot-traces/aws/p3-trace.csv``,
-uclasystem/bamboo, Dec 2021), numbers computed by ``roll_spotlight.spot.stats.trace_stats``:
-
-=================  ==========  ==================================================================
-parameter          value       derivation from the p3 trace
-=================  ==========  ==================================================================
-nodes              32          at most 32 alive (fleet target); 177 distinct nodes over the trace
-mtbp_s             518 s       span 40,920 s / 79 preemption batches = 518 s (8.6 min)
-mean_batch         2.11        167 removes / 79 batches; batch sizes 1:39, 2:13, 3:15, 4:7, 5:1,
-                               6:4 -> geometric (p = 0.47 predicts P(1) = 0.47, observed 0.49)
-replace_delay_s    1,980 s     Little's law on the slots left empty after the 25 min ramp:
-                               mean alive 23.9 of 32 -> 8.1 empty = 0.00408 losses/s x W,
-                               W = 1,980 s (the plain "next add after a batch" median is 480 s,
-                               but adds also refill older losses); keeps mean alive ~ 24
-span_s             40,920 s    the trace's span (11.37 h)
-provider           aws         2-minute interruption notice (AWS EC2 docs)
-=================  ==========  ==================================================================
-
-Check (``trace_stats`` over seeds 0-39 of the defaults): 80.4 +- 8.2 batches (p3: 79) and mean
-alive 24.1 (p3: 24.0). Single seeds vary as a Poisson count should: seed 0 gives 57 batches.
+``DEFAULT_SYNTHETIC`` imitates the Bamboo AWS p3 trace (``bamboo-spot-traces/aws/p3-trace.csv``);
+how each default is derived from it, and the check, are in docs/measurements.md ("The synthetic
+spot trace").
 """
 
 from __future__ import annotations

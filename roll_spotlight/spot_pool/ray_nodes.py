@@ -3,23 +3,8 @@ an event source for `roll_spotlight.spot_pool.pool.ElasticSpotPool`.
 
 On a real cluster ``RayNodeWatcher`` turns ``ray.nodes()`` changes into the same events: a new
 alive spot node is NODE_UP, a node that starts draining is NOTICE (deadline from the drain), a node
-that is dead or gone is NODE_DOWN. What Ray exposes for this (checked on Ray 2.60 only):
-
-- Spot nodes: the default label ``ray.io/market-type`` (set from ``RAY_NODE_MARKET_TYPE`` on the
-  node, e.g. by KubeRay), a custom label ``spot``, or the ``spot_gpu`` resource of this project.
-- Notice: the GCS ``DrainNode`` RPC with reason ``DRAIN_NODE_REASON_PREEMPTION`` and a deadline.
-  Autoscaler v2 sends it; ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
-  --deadline-remaining-seconds N`` (a hidden CLI command) sends it by hand; Ray 2.60 nodes started
-  with ``ray start --block`` send it for themselves on SIGTERM when
-  ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` > 0. A cloud's own notice (AWS's 2-minute warning, a
-  GCP ACPI shutdown) reaches Ray only through one of those. The driver reads drains with the
-  private ``ray._private.state.state.get_draining_nodes()`` -> {node id hex: deadline ms}; it
-  carries no reason, so every drain counts as a notice (a node running our workers is not idle,
-  so the autoscaler's idle drains do not hit it). A probe on a local 2.60 head node confirmed the
-  drain shows up with its deadline while running actors keep running and new actors are no
-  longer placed there; after the node dies ``ray.nodes()`` reports ``DeathReason`` 3
-  (``AUTOSCALER_DRAIN_PREEMPTED``). Private API: it may move between Ray versions, and the watcher
-  then sees only NODE_DOWN (kills without notice), which the queue also handles.
+that is dead or gone is NODE_DOWN. What it reads of Ray (private API, checked on Ray 2.60) is in
+docs/cluster.md, section 1.
 """
 from __future__ import annotations
 

@@ -258,16 +258,6 @@ def loss_regroup_seconds(reports) -> list[float]:
     return [float(r.seconds) for r in reports if r.lost]
 
 
-def time_lost_per_preemption(reports) -> dict[str, float | int | None]:
-    """Median and max of ``loss_regroup_seconds`` (None without a regroup after a loss)."""
-    lost = sorted(loss_regroup_seconds(reports))
-    if not lost:
-        return {"count": 0, "median": None, "max": None}
-    mid = len(lost) // 2
-    median = lost[mid] if len(lost) % 2 else (lost[mid - 1] + lost[mid]) / 2
-    return {"count": len(lost), "median": median, "max": lost[-1]}
-
-
 def cost_metrics(report: CostReport, bill_scale: float) -> dict[str, float]:
     """``cost/gpu_s/<pool>`` (billed seconds), ``cost/usd/<pool>``, the totals, and what the same
     GPU-hours would have cost on demand."""

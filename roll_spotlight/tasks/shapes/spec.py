@@ -78,10 +78,6 @@ class SceneSpec:
         if inferred != self.tag:
             raise ValueError(f"SceneSpec.tag={self.tag!r} does not match its structure, which is {inferred!r}")
 
-    @property
-    def total_objects(self) -> int:
-        return sum(o.count for o in self.objects)
-
 
 def infer_tag(objects: tuple[ObjectSpec, ...], relation: str | None) -> str:
     """The tag a structure belongs to; ValueError if it belongs to none (see the module table)."""
