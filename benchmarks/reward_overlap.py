@@ -1,10 +1,10 @@
 """Iteration time with rewards overlapping the rollouts vs rewards after all rollouts (measured).
 
-    python benchmarks/reward_overlap.py --seconds-per-image 0.5 --iterations 4 --repeats 2 --json
+    python -m benchmarks.reward_overlap --seconds-per-image 0.5 --iterations 4 --repeats 2 --json
 
 Both settings run in one Ray session, alternating (on, off, on, off, ...), on the tiny model with a
-random policy and an artificially slow reward (`roll_spotlight.rewards.slow`: the task's shapes
-reward after a sleep per image): with `reward.overlap` the reward actor scores each batch of `reward.batch_size`
+random policy and an artificially slow reward (`SlowReward`: the task's shapes
+reward after a sleep per image, named by its dotted path, so the Ray reward actors import it too): with `reward.overlap` the reward actor scores each batch of `reward.batch_size`
 images as soon as it completes; without, it scores the whole batch after the last rollout. Reported:
 the median iteration time of each setting over every iteration but each run's first (warm-up), and
 their ratio. Results go to benchmarks/results/reward_overlap.json.
@@ -15,9 +15,29 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from roll_spotlight.rewards.reward import Reward, RewardOutput, build_reward
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+class SlowReward(Reward):
+    """`inner`'s rewards after sleeping `seconds_per_image` per image of the batch: what a slow reward
+    model costs an iteration, without one. Never useful for training."""
+
+    def __init__(self, inner: str = "brightness", seconds_per_image: float = 0.5, **inner_kwargs: Any) -> None:
+        if not seconds_per_image >= 0:
+            raise ValueError(f"reward.kwargs.seconds_per_image must be >= 0, got {seconds_per_image!r}")
+        self.inner, self.seconds_per_image = build_reward(inner, **inner_kwargs), float(seconds_per_image)
+
+    def score(self, images: np.ndarray, prompts: list[str]) -> RewardOutput:
+        time.sleep(self.seconds_per_image * len(images))
+        return self.inner(images, prompts)
 
 
 def one_run(overlap: bool, args, policy_path: str, run_dir: Path) -> list[float]:
@@ -26,7 +46,7 @@ def one_run(overlap: bool, args, policy_path: str, run_dir: Path) -> list[float]
     from roll_spotlight.startup import run_loop
 
     overrides = [f"max_steps={args.iterations}", "eval_steps=0", "rollout_batch_size=4", "train.group_size=4",
-                 "task.val_prompts=4", "reward.name=slow",
+                 "task.val_prompts=4", "reward.name=benchmarks.reward_overlap:SlowReward",
                  "reward.kwargs.inner=shapes", f"reward.kwargs.seconds_per_image={args.seconds_per_image}",
                  f"reward.overlap={str(overlap).lower()}", f"reward.batch_size={args.batch_size}"]
     cfg = load_config(RunConfig, REPO / "configs" / "tiny_shapes.yaml", overrides)

@@ -62,7 +62,6 @@ BUILTINS: Mapping[str, Mapping[str, str]] = MappingProxyType({
         "brightness": "roll_spotlight.rewards.jpeg:MeanBrightness",
         "weighted": "roll_spotlight.rewards.reward:WeightedReward",
         "safe": "roll_spotlight.rewards.reward:SafeReward",
-        "slow": "roll_spotlight.rewards.slow:SlowReward",
     },
 })
 _REGISTERED: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
