@@ -137,7 +137,7 @@ class _ClusterDrive:
         except BaseException:
             self.training.close()
             raise
-        live.extra = {"cluster": dataclasses.asdict(driver.stats) | {"deaths": self.cluster.death_reasons()},
+        live.extra = {"cluster": dataclasses.asdict(driver.stats) | {"deaths": death_reasons(self.cluster)},
                       "notice_wall_s": cfg.notice_s,
                       "denoise_steps_lost_after_notice": self.steps_lost[True],
                       "denoise_steps_lost_without_notice": self.steps_lost[False]}
@@ -151,6 +151,19 @@ class _ClusterDrive:
 
 # ---------------------------------------------------------------------------------------------
 # Command line
+
+
+def death_reasons(cluster) -> dict[str, int]:
+    """How the spot nodes of ``cluster`` that registered and died went, by the GCS's death reason
+    (AUTOSCALER_DRAIN_PREEMPTED: drained for a preemption first, i.e. the bridge got there)."""
+    from ray.core.generated.common_pb2 import NodeDeathInfo
+
+    reasons: dict[str, int] = {}
+    for info in cluster.node_infos().values():
+        if info.state != 0 and info.node_name.startswith("spot-"):
+            reason = NodeDeathInfo.Reason.Name(info.death_info.reason)
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
 
 
 def build_parser() -> argparse.ArgumentParser:

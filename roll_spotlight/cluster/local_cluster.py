@@ -278,27 +278,17 @@ class LocalCluster:
         _end_group(node.agent, signal.SIGKILL, wait_s=5.0)
         return running
 
-    def node_ids(self) -> dict[str, str]:
-        """Alive nodes registered with the GCS: name -> node id (hex)."""
+    def node_infos(self) -> dict:
+        """Every node the GCS knows (alive or dead): node id -> Ray's ``GcsNodeInfo``."""
         from ray._raylet import GcsClient
 
         if self._gcs is None:
             self._gcs = GcsClient(address=self.address)
-        return {info.node_name: node_id.hex()
-                for node_id, info in self._gcs.get_all_node_info(timeout=5).items() if info.state == 0}
+        return self._gcs.get_all_node_info(timeout=5)
 
-    def death_reasons(self) -> dict[str, int]:
-        """How the spot nodes that registered and died went, by the GCS's death reason
-        (AUTOSCALER_DRAIN_PREEMPTED: drained for a preemption first, i.e. the bridge got there)."""
-        from ray.core.generated.common_pb2 import NodeDeathInfo
-
-        self.node_ids()  # connects
-        reasons: dict[str, int] = {}
-        for info in self._gcs.get_all_node_info(timeout=5).values():
-            if info.state != 0 and info.node_name.startswith("spot-"):
-                reason = NodeDeathInfo.Reason.Name(info.death_info.reason)
-                reasons[reason] = reasons.get(reason, 0) + 1
-        return reasons
+    def node_ids(self) -> dict[str, str]:
+        """Alive nodes registered with the GCS: name -> node id (hex)."""
+        return {info.node_name: node_id.hex() for node_id, info in self.node_infos().items() if info.state == 0}
 
     def wait_registered(self, names, timeout_s: float | None = None) -> None:
         """Block until every node in ``names`` is alive in the GCS (TimeoutError naming the rest)."""
