@@ -177,7 +177,7 @@ class _Simulation:
         self.decision_s: list[float] = []
         self._seq = 0
 
-    def run(self) -> None:
+    def simulate(self) -> None:
         s = self.setup
         preempt_at = s.budget_pulls * s.seeds_per_pull * s.per_seed_s / s.workers / 2
         for worker in range(s.workers):
