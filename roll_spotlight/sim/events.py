@@ -52,7 +52,7 @@ class EventHandle:
 
 
 class EventLoop:
-    """Heap of timed callbacks. ``run`` pops them in order and advances ``now``."""
+    """Heap of timed callbacks. ``run_until`` pops them in order and advances ``now``."""
 
     def __init__(self, start_s: float = 0.0) -> None:
         self.now = float(start_s)
