@@ -315,7 +315,7 @@ def test_row_trainer_crash_resumes_from_last_checkpoint(tmp_path, reference3):
             return super().start_train(outputs, prompts, group_ids, rewards)
 
     with pytest.raises(RuntimeError, match="injected trainer crash"):
-        _coordinator(cfg, CrashingTrainer(cfg, random_policy(cfg)), tmp_path).run()
+        _coordinator(cfg, CrashingTrainer(cfg, random_policy(cfg)), tmp_path).train()
     backend = LocalBackend(cfg, random_policy(cfg, seed=7))  # other weights: the checkpoint must win
     coordinator = _coordinator(cfg, backend, tmp_path)
     assert coordinator.resume_latest().name == "iter-000002"
@@ -329,7 +329,7 @@ def test_row_corrupted_or_truncated_checkpoint(tmp_path, reference3, damage, cap
     from roll_spotlight.runtime.local import LocalBackend
 
     cut = _cfg("max_steps=2", "save_steps=1")
-    _coordinator(cut, LocalBackend(cut, random_policy(cut)), tmp_path).run()
+    _coordinator(cut, LocalBackend(cut, random_policy(cut)), tmp_path).train()
     newest = tmp_path / "checkpoints" / "iter-000002"
     damaged = newest / ("meta.json" if damage == "meta" else "backend.pt")
     data = damaged.read_bytes()
