@@ -61,6 +61,16 @@ def test_a_bad_recipe_is_one_line_naming_key_and_file(user, override, key):
     assert code == 2 and key in line and os.path.join(user, "tiny_shapes_roll.yaml") in line
 
 
+@pytest.mark.parametrize("check", [True, False], ids=["check", "launch"])
+def test_a_typo_added_with_plus_is_an_unknown_top_level_key(user, check):
+    """dacite would drop `pipline` silently; the launcher names it before ROLL's init()."""
+    code, err = _launch("--config_path", user, "--config_name", "tiny_shapes_roll", "+pipline.foo=1",
+                        *(["--check"] if check else []))
+    line = _one_line_error(err)
+    assert code == 2 and "unknown top-level key 'pipline'" in line
+    assert os.path.join(user, "tiny_shapes_roll.yaml") in line
+
+
 def test_a_missing_recipe_is_named(user):
     code, err = _launch("--config_path", user, "--config_name", "tiny_shapes_rol", "--check")
     assert code == 2 and os.path.join(user, "tiny_shapes_rol.yaml") in _one_line_error(err)

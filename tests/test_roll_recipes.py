@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from roll_spotlight.config.strict import ConfigError, load_yaml
-from roll_spotlight.roll.sections import COMPONENT_KEYS, validate_recipe
+from roll_spotlight.roll.sections import COMPONENT_KEYS, check_top_level_keys, validate_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "roll").glob("*.yaml"))
@@ -119,6 +119,17 @@ def test_bad_recipes_fail_naming_the_key(change, fragment):
     with pytest.raises(ConfigError) as err:
         validate_recipe(data, source="tiny_shapes_roll.yaml")
     assert fragment in str(err.value)
+
+
+def test_an_unknown_top_level_key_is_named_with_the_recipe_and_a_close_match():
+    known = ("pipeline_cls", "max_steps", "spot")
+    check_top_level_keys({"max_steps": 3, "spot": {}}, known, source="r.yaml")
+    with pytest.raises(ConfigError) as err:
+        check_top_level_keys({"max_steps": 3, "pipline": {"foo": 1}}, known, source="r.yaml")
+    assert "unknown top-level key 'pipline' in r.yaml" in str(err.value)
+    assert "did you mean 'pipeline_cls'?" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="'zzz' in r.yaml: .*docs/roll.md"):
+        check_top_level_keys({"zzz": 1}, known, source="r.yaml")
 
 
 def test_missing_role_is_reported():

@@ -31,8 +31,9 @@ keys a vanilla twin of a recipe changes; ``elastic.sp_degree`` is the same in bo
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from roll_spotlight.config.run import (
     DispatchConfig,
@@ -173,6 +174,19 @@ def check_recipe_keys(data: Mapping[str, Any], *, source: str | None = None) -> 
         raise ConfigError(f"actor_infer.strategy_args{where}: ROLL's BaseConfig asserts it names one of "
                           f"{list(ROLL_INFER_STRATEGIES)} (LLM engines); the DiT rollout picks its strategy "
                           f"({ROLE_DEFAULTS['actor_infer'][1]}) in code: remove strategy_args from actor_infer")
+
+
+def check_top_level_keys(data: Mapping[str, Any], known: Iterable[str], *, source: str | None = None) -> None:
+    """Reject a top-level key that is not in ``known`` (the config class's fields): ROLL's dacite
+    would drop it without a word, so a typo (``+pipline.foo=1``) would run another experiment."""
+    unknown = sorted(set(data) - set(known))
+    if not unknown:
+        return
+    where = f" in {source}" if source else ""
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else "see docs/roll.md, 'The keys'"
+    raise ConfigError(f"unknown top-level key '{unknown[0]}'{where}: not a field of the pipeline's config "
+                      f"(ROLL would drop it silently); {hint}")
 
 
 def to_plain(value: Any) -> Any:

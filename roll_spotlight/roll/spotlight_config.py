@@ -42,6 +42,7 @@ from roll_spotlight.roll.sections import (
     SECTION_KEYS,
     SpotlightSections,
     check_recipe_keys,
+    check_top_level_keys,
     one_rank_spot_training,
     parse_sections,
     recipe_key,
@@ -193,10 +194,15 @@ class SpotlightConfig(BaseConfig):
         return {key: getattr(self, key) for key in COMPONENT_KEYS}
 
 
+# What dacite fills from a recipe's top level: ROLL's BaseConfig keys, the roles, our sections and keys
+TOP_LEVEL_KEYS = frozenset(f.name for f in dataclasses.fields(SpotlightConfig) if f.init)
+
+
 def from_mapping(data: dict, *, source: str | None = None, check_types: bool = True) -> SpotlightConfig:
     """dacite into SpotlightConfig as ROLL's launchers do (non-strict for ROLL's keys), after
     rejecting the keys dacite would drop or ROLL would assert on without a reason
-    (`roll_spotlight.roll.sections.check_recipe_keys`). `source`, the recipe's file, is named in
+    (`roll_spotlight.roll.sections.check_recipe_keys`, and top-level keys that are no field:
+    `check_top_level_keys`). `source`, the recipe's file, is named in
     every error (a `ConfigError`); without it, the recipe's exp_name is.
 
     ``check_types=False`` is needed only when the ``strategy_literal`` patch is not applied and a
@@ -208,6 +214,7 @@ def from_mapping(data: dict, *, source: str | None = None, check_types: bool = T
         data = {**data, "recipe_file": source}
     source = data.get("recipe_file") or data.get("exp_name")
     check_recipe_keys(data, source=source)
+    check_top_level_keys(data, TOP_LEVEL_KEYS, source=source)
     try:
         return dacite.from_dict(data_class=SpotlightConfig, data=data, config=dacite.Config(check_types=check_types))
     except dacite.DaciteError as exc:  # ROLL's keys: a wrong type, a missing value
