@@ -26,14 +26,59 @@ the micro-batches it pulls (the driver restarts the drains while the update trai
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from roll.distributed.executor.worker import Worker
 from roll.distributed.scheduler.decorator import Dispatch, register
 
 from roll_spotlight import plugins
 
+CPU_CACHE_WARNING = "does not have 'empty_cache' attribute"
 
-class _DiTWorker(Worker):
+
+class OnceFilter(logging.Filter):
+    """Lets the first record whose message contains ``fragment`` through with ``note`` appended and
+    drops (and counts) the later ones."""
+
+    def __init__(self, fragment: str, note: str) -> None:
+        super().__init__()
+        self.fragment, self.note, self.count = fragment, note, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.fragment not in record.getMessage():
+            return True
+        self.count += 1
+        if self.count > 1:
+            return False
+        record.msg, record.args = record.getMessage() + self.note, ()
+        return True
+
+
+def quiet_cpu_cache_warning() -> None:
+    """Show ROLL's CPU ``empty_cache`` warning once per worker process instead of after every call.
+
+    ROLL's ``@register`` wrapper calls ``clear_memory()`` after each worker call, which asks
+    ``current_platform.empty_cache``; the CPU platform has none, so ROLL's ``Platform.__getattr__``
+    logs the warning each time (thousands of lines in an emulated run) and returns None, which the
+    wrapper's ``except`` ignores: on CPU the call does nothing either way.
+    """
+    from roll.platforms import platform
+
+    if not any(isinstance(f, OnceFilter) for f in platform.logger.filters):
+        platform.logger.addFilter(OnceFilter(CPU_CACHE_WARNING, " (ROLL asks after every worker call; a no-op on "
+                                             "CPU: shown once per worker process by roll_spotlight)"))
+
+
+class _QuietWorker(Worker):
+    """A ROLL worker whose process shows ROLL's CPU cache warning once (`quiet_cpu_cache_warning`)."""
+
+    def __init__(self, worker_config) -> None:
+        super().__init__(worker_config)
+        quiet_cpu_cache_warning()
+
+
+class _DiTWorker(_QuietWorker):
     """Shared start-up: the run config and the strategy chosen by name, built from the run's
     source (`worker.policy_source`: the policy every rank loads, or emulated GPUs)."""
 
@@ -146,7 +191,7 @@ class DiTRolloutWorker(_DiTWorker):
         return self.strategy.drain(QueueClient(queue, self.worker_name or f"{self.cluster_name}-{self.rank}"))
 
 
-class DiTRewardWorker(Worker):
+class DiTRewardWorker(_QuietWorker):
     """Scores decoded images with the run's reward (`reward_fn`); a failing reward gives its fallback.
     With emulated GPUs (the source an `Emulation`) it scores stand-ins in the reward model's time."""
 
