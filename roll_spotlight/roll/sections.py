@@ -22,8 +22,10 @@ The sections are parsed by our strict loader (`roll_spotlight.config.strict.from
 dacite: ROLL's dacite call drops unknown keys silently, so a typo such as ``spot.max_wrokers`` would
 quietly run another experiment. For the same reason `check_recipe_keys` rejects the role and
 section names of earlier recipes (``trainer``, ``rollout``, ``explorer``, a ``pretrain`` mapping)
-instead of letting dacite drop them. `SpotlightConfig` (which needs ROLL) stores the sections as
-these dataclasses; `validate_recipe` checks the same of a recipe file when ROLL is not installed.
+instead of letting dacite drop them, and `check_top_level_keys` any other top-level key that the
+config class lacks (a typo such as ``+pipline.foo=1``). `SpotlightConfig` (which needs ROLL) stores
+the sections as these dataclasses; `validate_recipe` checks the same of a recipe file when ROLL is
+not installed, except the top-level keys (their list is ROLL's `BaseConfig`).
 
 The component switches (``exploration.mode``, ``spot.enabled``, ``dispatch.mode``) are the only
 keys a vanilla twin of a recipe changes; ``elastic.sp_degree`` is the same in both.
