@@ -38,44 +38,45 @@ CPU_CACHE_WARNING = "does not have 'empty_cache' attribute"
 
 
 class OnceFilter(logging.Filter):
-    """Lets the first record whose message contains ``fragment`` through with ``note`` appended and
-    drops (and counts) the later ones."""
+    """Lets the first record whose message contains ``fragment`` through with ``note`` appended
+    (none with ``show_first`` False) and drops (and counts) the later ones."""
 
-    def __init__(self, fragment: str, note: str) -> None:
+    def __init__(self, fragment: str, note: str, show_first: bool = True) -> None:
         super().__init__()
-        self.fragment, self.note, self.count = fragment, note, 0
+        self.fragment, self.note, self.show_first, self.count = fragment, note, show_first, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         if self.fragment not in record.getMessage():
             return True
         self.count += 1
-        if self.count > 1:
+        if self.count > 1 or not self.show_first:
             return False
         record.msg, record.args = record.getMessage() + self.note, ()
         return True
 
 
-def quiet_cpu_cache_warning() -> None:
-    """Show ROLL's CPU ``empty_cache`` warning once per worker process instead of after every call.
+def quiet_cpu_cache_warning(rank: int = 0) -> None:
+    """Show ROLL's CPU ``empty_cache`` warning once, from each role's rank 0, instead of after
+    every call of every rank.
 
     ROLL's ``@register`` wrapper calls ``clear_memory()`` after each worker call, which asks
     ``current_platform.empty_cache``; the CPU platform has none, so ROLL's ``Platform.__getattr__``
-    logs the warning each time (thousands of lines in an emulated run) and returns None, which the
+    logs the warning each time (about 2,000 times in an emulated run) and returns None, which the
     wrapper's ``except`` ignores: on CPU the call does nothing either way.
     """
     from roll.platforms import platform
 
     if not any(isinstance(f, OnceFilter) for f in platform.logger.filters):
-        platform.logger.addFilter(OnceFilter(CPU_CACHE_WARNING, " (ROLL asks after every worker call; a no-op on "
-                                             "CPU: shown once per worker process by roll_spotlight)"))
+        note = " (ROLL asks after every worker call; a no-op on CPU: shown once per role by roll_spotlight)"
+        platform.logger.addFilter(OnceFilter(CPU_CACHE_WARNING, note, show_first=rank == 0))
 
 
 class _QuietWorker(Worker):
-    """A ROLL worker whose process shows ROLL's CPU cache warning once (`quiet_cpu_cache_warning`)."""
+    """A ROLL worker that shows ROLL's CPU cache warning once per role (`quiet_cpu_cache_warning`)."""
 
     def __init__(self, worker_config) -> None:
         super().__init__(worker_config)
-        quiet_cpu_cache_warning()
+        quiet_cpu_cache_warning(self.rank)
 
 
 class _DiTWorker(_QuietWorker):
