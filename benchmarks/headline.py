@@ -314,3 +314,64 @@ def goal_rows(estimates: Mapping[str, Mapping[str, Any]], shapes: Mapping[str, M
         value = Ratio(None, "unknown") if iters.value is None else Ratio(iters.value * per_iter, iters.bound)
         rows.append(GoalRow(goal, value, _met(value, goal.target), True))
     return rows
+
+
+# ------------------------------------------------------------------------------ the verdict
+VERDICT_SYSTEM = "spotlight_train"
+
+
+@dataclass(frozen=True)
+class VerdictRow:
+    """Spotlight (with spot training) against vanilla on demand, to target, on one cluster shape:
+    ``simulated`` and ``emulated`` map a metric to the per-iteration ratio vanilla / Spotlight
+    (``emulated`` None where the shape was not emulated), ``iterations`` is vanilla / Spotlight
+    iterations to target (MEASURED, or 1.00 by construction), so a to-target figure is their product."""
+
+    shape: str
+    resolution: int
+    ondemand_gpus: int
+    spot_gpus: int
+    iterations: Ratio
+    simulated: dict[str, float]
+    emulated: dict[str, float] | None
+
+    def to_target(self, metric: str, kind: str) -> Ratio:
+        per_iteration = (self.simulated if kind == "simulated" else self.emulated or {}).get(metric)
+        if per_iteration is None or self.iterations.value is None:
+            return Ratio(None, "unknown")
+        return Ratio(self.iterations.value * per_iteration, self.iterations.bound)
+
+    def met(self, metric: str, kind: str) -> bool | None:
+        return _met(self.to_target(metric, kind), TARGETS.get(self.resolution, TARGETS[1280])[metric])
+
+
+def verdict_rows(estimates: Mapping[str, Mapping[str, Any]], shapes: Mapping[str, Mapping[int, Mapping[str, Any]]],
+                 emulated: list[Mapping[str, Any]] | None = None) -> list[VerdictRow]:
+    """One row per simulated cluster shape and resolution where Spotlight with spot training ran;
+    ``emulated`` is the emulate benchmark's rows (matched by GPUs and resolution)."""
+    iterations = system_iterations(estimates, VERDICT_SYSTEM)
+    rows = []
+    for name, sims in shapes.items():
+        for resolution, sim in sorted(sims.items()):
+            runs = sim["baselines"]
+            if VERDICT_SYSTEM not in runs:
+                continue
+            cluster = sim["cluster"]
+            simulated = {m: runs["vanilla"][k] / runs[VERDICT_SYSTEM][k] for m, k in METRIC_KEYS.items()}
+            rows.append(VerdictRow(name, resolution, cluster["ondemand_gpus"], cluster["spot_gpus"], iterations,
+                                   simulated, _emulated_ratios(emulated or [], cluster, resolution)))
+    return rows
+
+
+def _emulated_ratios(rows: list[Mapping[str, Any]], cluster: Mapping[str, Any], resolution: int) -> dict | None:
+    """vanilla / spot training per iteration in the emulate rows of this shape (the compressed
+    time-scale's rows, each system's first)."""
+    runs = {}
+    for r in rows:
+        shape = r["row"]
+        if (shape["ondemand"], shape["spot"], shape["resolution"]) == (
+                cluster["ondemand_gpus"], cluster["spot_gpus"], resolution):
+            runs.setdefault(r["system"], r["emulated"])
+    if "vanilla" not in runs or VERDICT_SYSTEM not in runs:
+        return None
+    return {m: runs["vanilla"][k] / runs[VERDICT_SYSTEM][k] for m, k in METRIC_KEYS.items()}

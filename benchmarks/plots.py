@@ -177,3 +177,31 @@ def plot_regroup(regroup: Mapping[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_verdict(rows: Sequence[Any], targets: Mapping[int, Mapping[str, float]], path: Path) -> Path:
+    """Vanilla / Spotlight with spot training to target, per cluster shape: SIMULATED and EMULATED bars
+    for time and cost, the project target as a tick on each group and the paper's figures as lines."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"{r.ondemand_gpus}+{r.spot_gpus}\n{r.resolution}" for r in rows]
+    xs = range(len(rows))
+    for ax, metric in zip(axes, ("time", "cost")):
+        for offset, kind, colour in ((-0.2, "simulated", "tab:blue"), (0.2, "emulated", "tab:orange")):
+            values = [r.to_target(metric, kind).value or 0.0 for r in rows]
+            ax.bar([x + offset for x in xs], values, width=0.4, color=colour, label=kind.upper())
+        ax.scatter(list(xs), [targets.get(r.resolution, targets[1280])[metric] for r in rows], marker="_", s=400,
+                   color="black", label="project target", zorder=3)
+        claim = PAPER_CLAIMS[f"{metric}_to_target"]
+        ax.axhspan(claim.low, claim.high, color="tab:red", alpha=0.15 if claim.high > claim.low else 0.0)
+        ax.axhline(claim.low, color="tab:red", linestyle="--", linewidth=1, label=f"PAPER {claim.text()}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.set_xlabel("on-demand + spot GPUs, resolution")
+        ax.set_ylabel(f"vanilla / Spotlight, {metric} to target")
+        ax.set_title(f"{metric} to target: Spotlight with spot training vs vanilla on demand", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

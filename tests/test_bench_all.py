@@ -27,8 +27,12 @@ def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTLIGHT_THREADS", "1")
     out = tmp_path / "results"
     assert main(["--smoke", "--out", str(out)]) == 0
-    report = (out / "REPORT.md").read_text()
-    assert "SMOKE RUN" in report
+    verdict = (out / "REPORT.md").read_text()
+    report = (out / "APPENDIX.md").read_text()
+    assert "SMOKE RUN" in verdict and "## Verdict" in verdict and len(verdict.splitlines()) <= 150
+    for shape in ("today: 2 + 2 spot", "paper: 1 + 2 spot", "spot-heavy: 1 + 3 spot"):
+        for res in (512, 1280):
+            assert f"| {shape} | {res}x{res} | **" in verdict, (shape, res)
     for label in ("MEASURED", "SIMULATED", "PAPER"):
         assert label in report, label
     systems = ("naive spot (rollouts only)", "Spotlight today (explore during training)",
@@ -46,6 +50,7 @@ def test_smoke_run_writes_labelled_report(tmp_path, monkeypatch):
     for name in ("time_to_target.png", "cost_to_target.png", "convergence.png"):
         assert (out / name).stat().st_size > 1000, name
         assert f"]({name})" in report, name
+    assert (out / "verdict.png").stat().st_size > 1000 and "](verdict.png)" in verdict
     result = json.loads((out / "bench_all.json").read_text())
     assert [s["status"] for s in result["stages"]] == ["ok"] * 4, result["stages"]
     runs = result["convergence"]["runs"]
@@ -198,7 +203,7 @@ def test_estimate_is_a_lower_bound_when_censored_runs_reach_the_median():
 
 
 def test_exact_over_lower_bound_median_is_an_upper_bound_and_a_miss():
-    from benchmarks.report import _met_text, _shortfall_text
+    from benchmarks.appendix import _met_text, _shortfall_text
 
     vanilla = [_reached_at("vanilla", seed, hit) for seed, hit in enumerate([6, 10, 10, 10, None, None])]
     spotlight = [_reached_at("spotlight", seed, hit) for seed, hit in enumerate([6, 6, 10, None, None, None])]
@@ -323,7 +328,7 @@ def test_regroup_summary_reports_the_time_lost_without_the_shared_step():
 
 
 def test_report_lists_the_regroup_speedup_with_and_without_the_step():
-    from benchmarks.report import _mechanism_section
+    from benchmarks.appendix import _mechanism_section
 
     regroup = {"warm_regroup_median_s": 0.078, "cold_restart_median_s": 5.07, "speedup": 65.0,
                "sp_max_abs_diff": 4.8e-7, "speedup_including_step": 29.8, "definition": "time lost"}
@@ -336,7 +341,7 @@ def test_report_lists_the_regroup_speedup_with_and_without_the_step():
 
 
 def test_report_lists_the_planner_budget_and_ablation():
-    from benchmarks.report import _mechanism_section
+    from benchmarks.appendix import _mechanism_section
 
     planner = {"planner_over_uniform": 1.292, "planner_over_uniform_with_abandon": 1.127, "planner_over_oracle": 0.930,
                "planner_unscreened_over_oracle": 0.884, "decision_time_ms_per_pull": 0.269,
@@ -358,7 +363,7 @@ def test_report_lists_the_planner_budget_and_ablation():
 
 
 def test_report_mean_rank_skips_undefined_correlations():
-    from benchmarks.report import _mean_rank
+    from benchmarks.appendix import _mean_rank
 
     assert _mean_rank([]) == "-"
     assert _mean_rank([0.5, 0.7]) == "0.6000"
@@ -442,7 +447,7 @@ def test_paired_gain_uses_common_validations_of_the_same_seeds():
 
 def test_report_shows_the_paired_differences():
     from benchmarks.convergence import summarize
-    from benchmarks.report import _convergence_section
+    from benchmarks.appendix import _convergence_section
 
     records = [RunRecord(s, seed, "finished", 1.0, [{"iteration": 0, "val_reward": 0.5},
                                                     {"iteration": 2, "val_reward": v}])
@@ -490,7 +495,8 @@ def test_headline_has_both_vanillas_and_keeps_censored_medians_apart():
 
 def test_report_lists_both_shapes_both_vanillas_and_the_budget():
     from roll_spotlight.sim.api import simulate
-    from benchmarks.report import _budget_section, _headline_section, _shapes, _to_target_section
+    from benchmarks.appendix import _budget_section, _headline_section, _to_target_section
+    from benchmarks.report import _shapes
 
     tiny = {"prompts_per_iteration": 4, "group_size": 4}
 
@@ -562,3 +568,37 @@ def test_mechanism_results_are_reused_and_named(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="mechanisms"):
         saved_mechanisms(tmp_path / "bad.json")
+
+
+def test_report_puts_the_verdict_first_and_the_rest_in_the_appendix(tmp_path, monkeypatch):
+    from benchmarks import appendix
+    from benchmarks.report import APPENDIX, write_report
+    from roll_spotlight.sim.api import simulate
+
+    tiny = {"prompts_per_iteration": 4, "group_size": 4}
+
+    def sim(od, spot):
+        return simulate(None, resolution=512, ondemand=od, spot=spot, iterations=1, cost_model=tiny,
+                        baselines=("vanilla", "naive_spot", "spotlight", "spotlight_train"), fair_cost=True)
+    today, paper = sim(8, 8), sim(4, 8)
+    vanilla_s, train_s = today["baselines"]["vanilla"], today["baselines"]["spotlight_train"]
+    emulated = [{"row": {"ondemand": 8, "spot": 8, "resolution": 512, "time_scale": 30.0}, "system": system,
+                 "emulated": {"time_per_iteration_s": s, "cost_per_iteration_usd": usd}}
+                for system, s, usd in (("vanilla", 300.0, 6.0), ("spotlight_train", 100.0, 4.0))]
+    result = {"command": "bench", "simulator": {"by_resolution": {"512": today}, "other_shapes": [
+        {"name": "paper", "ondemand": 4, "spot": 8, "by_resolution": {"512": paper}}]},
+        "emulated": {"rows": emulated}}
+    monkeypatch.setattr(appendix, "_emulated_section", lambda result: "")  # its rows need the whole emulate JSON
+    text = write_report(result, tmp_path).read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 150 and (tmp_path / APPENDIX).is_file() and (tmp_path / "verdict.png").is_file()
+    head = "\n".join(lines[:40])
+    simulated = vanilla_s["time_per_iteration_s"] / train_s["time_per_iteration_s"]
+    row = next(line for line in lines[:40] if line.startswith("| today: 8 + 8 spot | 512x512 |"))
+    # no convergence study: spot training still takes vanilla's iterations (1.00 by construction)
+    assert f"| **{simulated:.2f}x** | 3.00x | 4x | >= 4x | MISSED / MISSED |" in row
+    assert "| **" in row and "| 1.50x | 1.4-6.4x | >= 2x |" in row
+    paper_row = next(line for line in lines[:40] if line.startswith("| paper: 4 + 8 spot | 512x512 |"))
+    assert paper_row.count("| - |") == 2  # not emulated: no EMULATED figure, no verdict of that kind
+    assert "## Verdict" in head and "EMULATED: 3.00x to 3.00x" in head
+    assert "## Headline" not in text and "## Headline" in (tmp_path / APPENDIX).read_text()
