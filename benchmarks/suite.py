@@ -57,6 +57,7 @@ PAPER_SHAPE = ("paper", 4, 8)
 SPOT_HEAVY_SHAPE = ("spot-heavy", 2, 14)
 RESULTS_DIR = Path("benchmarks/results")
 RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
+BATCHING_JSON = RESULTS_DIR / "sim_rollout_batching.json"
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class SuiteConfig:
     emulate: bool = True                         # else run it (about 30 min); never in a smoke run
     studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
     rank_vs_steps_json: Path | None = RANK_VS_STEPS_JSON  # the cheap-exploration study, quoted in the report
+    batching_json: Path | None = BATCHING_JSON   # `python -m benchmarks.sim_rollout_batching`'s rows, quoted
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.mechanisms) - set(MECHANISMS))
@@ -150,6 +152,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
               "smoke": cfg.smoke, "command": _command_line(), "config": _config_dict(cfg),
               "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies, "emulated": emulated,
               "cheap_exploration": cheap_exploration(cfg.rank_vs_steps_json),
+              "batching": _saved(cfg.batching_json),
               "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
     report = write_report(result, cfg.out_dir)
     result["report"] = str(report)
@@ -378,6 +381,10 @@ def saved_studies(folder: Path, headline_files: Sequence[Path] = ()) -> list[dic
             "estimates": {k: {f: e[f] for f in ("value", "bound", "reached", "runs")} for k, e in est.items()},
             "paired_spotlight": (summary.get("paired_vs_vanilla") or {}).get("spotlight")})
     return out
+
+
+def _saved(path: Path | None) -> dict | None:
+    return json.loads(Path(path).read_text()) if path is not None and Path(path).is_file() else None
 
 
 def cheap_exploration(path: Path | None) -> dict | None:

@@ -602,3 +602,25 @@ def test_report_puts_the_verdict_first_and_the_rest_in_the_appendix(tmp_path, mo
     assert paper_row.count("| - |") == 2  # not emulated: no EMULATED figure, no verdict of that kind
     assert "## Verdict" in head and "EMULATED: 3.00x to 3.00x" in head
     assert "## Headline" not in text and "## Headline" in (tmp_path / APPENDIX).read_text()
+
+
+def test_report_quotes_batched_rows_beside_batch_1_and_the_calibration():
+    from benchmarks.report import _batching_section
+
+    def systems(vanilla_s, spot_s):
+        row = lambda t: {"time_per_iteration_s": t, "cost_per_iteration_usd": t / 100}
+        return {"vanilla": row(vanilla_s), "spotlight_train": row(spot_s), "managed_spot": row(2 * vanilla_s)}
+
+    batching = {
+        "shapes": [{"shape": "8+8", "resolution": 512, "max_batch": 16, "systems": systems(100.0, 50.0)},
+                   {"shape": "8+8", "resolution": 512, "max_batch": 1, "systems": systems(160.0, 90.0)}],
+        "vanilla_rollout": {"512": {"max_batch": 16, "rollout_speedup": 2.1, "iteration_speedup": 1.5,
+                                    "wall_s": {"batched": {"rollout": 54.0}, "batch 1": {"rollout": 113.0}}}},
+        "calibration": {"rows": [{"run": "LoRA 4 x H800", "published_s": 420.0, "simulated_s": 441.0,
+                                  "gap": 0.05}]}}
+    text = _batching_section({"batching": batching})
+    assert "| 8+8 | 512 | 16 | 100.0 | 50.0 (2.00x) | 200.0 |" in text
+    assert "| 8+8 | 512 | 1 | 160.0 | 90.0 (1.78x) | 320.0 |" in text
+    assert "113.0 s at batch 1, 54.0 s at batch 16 (2.10x" in text
+    assert "| LoRA 4 x H800 | 420 | 441.0 | +5.0% |" in text
+    assert _batching_section({}) == ""
