@@ -37,20 +37,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from roll_spotlight.config.run import (
-    DispatchConfig,
-    ExplorationConfig,
-    GRPOConfig,
-    PretrainConfig,
-    RewardConfig,
-    RunConfig,
-    SamplingConfig,
-    SpotConfig,
-    TaskConfig,
-)
+from roll_spotlight.config.run import RunConfig
 from roll_spotlight.config.strict import ConfigError, from_dict
 from roll_spotlight.checks import require, require_each, require_int, require_number
-from roll_spotlight.models.model_config import ModelConfig
 
 ROLE_NAMES = ("actor_train", "actor_infer", "reward")
 # What each role runs when the recipe does not say: (worker class, strategy in roll_spotlight.strategies)
@@ -102,33 +91,35 @@ class ElasticConfig:
                 f"of up to {self.sp_degree} that re-form after a preemption")
 
 
-@dataclass
-class SpotlightSections:
-    """Every section of a recipe that Spotlight owns, validated together."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    base_pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    train: GRPOConfig = field(default_factory=GRPOConfig)
-    reward_fn: RewardConfig = field(default_factory=RewardConfig)
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
-    spot: SpotConfig = field(default_factory=SpotConfig)
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)
-    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
-
-    def __post_init__(self) -> None:
-        from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
-
-        check_sp_degree(self.model, self.elastic.sp_degree, key="elastic.sp_degree")  # Ulysses splits heads, tokens
-        if self.spot.enabled and self.elastic.sp_degree > 1:
-            check_spot_placement(self.spot.gpus_per_node, self.elastic.sp_degree, self.spot.max_workers,
-                                 degree_key="elastic.sp_degree")
+# RunConfig's names -> a recipe's, where ROLL already uses the name (`run_config` maps them back)
+RUN_TO_RECIPE = {"model.path": "pretrain", "pretrain": "base_pretrain", "reward": "reward_fn"}
+# RunConfig's top-level keys (ROLL's too) and its sections (a dataclass each), under RunConfig's names
+RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.default_factory is dataclasses.MISSING)
+RUN_SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(RunConfig) if f.name not in RUN_KEYS}
 
 
+def _check_elastic_fits(self) -> None:
+    """SpotlightSections' check across sections: ``elastic.sp_degree`` fits the model and the spot nodes."""
+    from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
+
+    check_sp_degree(self.model, self.elastic.sp_degree, key="elastic.sp_degree")  # Ulysses splits heads, tokens
+    if self.spot.enabled and self.elastic.sp_degree > 1:
+        check_spot_placement(self.spot.gpus_per_node, self.elastic.sp_degree, self.spot.max_workers,
+                             degree_key="elastic.sp_degree")
+
+
+def _section_field(name: str, cls: type) -> tuple[str, type, Any]:
+    return RUN_TO_RECIPE.get(name, name), cls, field(default_factory=cls)
+
+
+# Every section of a recipe that Spotlight owns, validated together: RunConfig's sections under a
+# recipe's names (`RUN_TO_RECIPE`), then the ROLL host's own `elastic`. Built from RunConfig's
+# fields, so a section added there is a recipe section too.
+SpotlightSections = dataclasses.make_dataclass(
+    "SpotlightSections",
+    [_section_field(name, cls) for name, cls in RUN_SECTIONS.items()] + [_section_field("elastic", ElasticConfig)],
+    namespace={"__module__": __name__, "__post_init__": _check_elastic_fits})
 SECTION_KEYS = tuple(f.name for f in dataclasses.fields(SpotlightSections))
-RUN_KEYS = ("exp_name", "seed", "output_dir", "max_steps", "eval_steps", "save_steps",
-            "rollout_batch_size", "track_with")
 
 
 def parse_sections(data: Mapping[str, Any], *, source: str | None = None) -> SpotlightSections:
@@ -200,10 +191,6 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-# RunConfig's names -> a recipe's, where ROLL already uses the name (`run_config` maps them back)
-RUN_TO_RECIPE = {"model.path": "pretrain", "pretrain": "base_pretrain", "reward": "reward_fn"}
-
-
 def recipe_key(run_key: str) -> str:
     """The recipe's name of a RunConfig key (``model.path`` -> ``pretrain``, ``reward.kwargs.x`` ->
     ``reward_fn.kwargs.x``), so that start-up checks written for RunConfig name what a recipe says."""
@@ -223,9 +210,7 @@ def run_config(top: Mapping[str, Any], sections: SpotlightSections, trainer_rank
     values = {key: top[key] for key in RUN_KEYS if key in top}
     if "track_with" in values:
         values["track_with"] = ROLL_TRACKERS_WE_MIRROR.get(values["track_with"], "jsonl")
-    cfg = RunConfig(**values, model=sections.model, pretrain=sections.base_pretrain, task=sections.task,
-                    reward=sections.reward_fn, sampling=sections.sampling, train=sections.train,
-                    exploration=sections.exploration, spot=sections.spot, dispatch=sections.dispatch)
+    cfg = RunConfig(**values, **{name: getattr(sections, RUN_TO_RECIPE.get(name, name)) for name in RUN_SECTIONS})
     return one_rank_spot_training(cfg, trainer_ranks)[0]
 
 
