@@ -82,10 +82,6 @@ class Timeline:
         if self.record and now > start:
             self.intervals.append(Interval(gpu, start, now, phase.value))
 
-    def phase_of(self, gpu: str) -> Phase | None:
-        entry = self._open.get(gpu)
-        return entry[0] if entry else None
-
     def close_all(self, now: float) -> None:
         for gpu in list(self._open):
             phase = self._open[gpu][0]

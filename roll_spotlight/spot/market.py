@@ -68,15 +68,12 @@ import numpy as np
 from roll_spotlight.checks import require, require_choice, require_int, require_number
 from roll_spotlight.spot.traces import CountSeries, EventList, Trace
 
+# AWS: EC2 docs, 'Spot Instance interruption notices' (2 min); GCP: Compute Engine API docs
+# (scheduling.skipGuestOsShutdown: 30 s from ACPI soft-off to hard-off); Azure: 'Scheduled Events' (>= 30 s)
 NOTICE_S_BY_PROVIDER = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 # The least notice a compressed replay gives a worker, in wall seconds: a denoising step plus a
 # commit must fit in it on a loaded host.
 MIN_NOTICE_S = 2.0
-NOTICE_SOURCES = {
-    "aws": "AWS EC2 docs, 'Spot Instance interruption notices' (2 minutes)",
-    "gcp": "Compute Engine API docs (scheduling.skipGuestOsShutdown): 30 s from ACPI soft-off to hard-off",
-    "azure": "Azure docs, 'Scheduled Events': Preempt event >= 30 s ahead",
-}
 VICTIM_RULES = ("newest_first", "seeded_random")
 COUNT_MODELS = ("instances", "capacity")
 

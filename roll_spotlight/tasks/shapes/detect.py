@@ -58,7 +58,6 @@ class Component:
     shape: str | None
     area: int
     centroid: tuple[float, float]     # (y, x)
-    bbox: tuple[int, int, int, int]   # (top, left, height, width)
     iou: float
 
 
@@ -134,8 +133,7 @@ def _component(mask: np.ndarray, color: str, config: DetectorConfig) -> Componen
     top, left = int(ys.min()), int(xs.min())
     crop = mask[top:ys.max() + 1, left:xs.max() + 1]
     shape, iou = classify_shape(crop, config)
-    return Component(color, shape, int(ys.size), (float(ys.mean()), float(xs.mean())),
-                     (top, left, crop.shape[0], crop.shape[1]), iou)
+    return Component(color, shape, int(ys.size), (float(ys.mean()), float(xs.mean())), iou)
 
 
 def detect(image: np.ndarray, config: DetectorConfig | None = None) -> list[Component]:
