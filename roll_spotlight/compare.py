@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roll_spotlight.checks import require_number
+
 DEFAULT_TOLERANCE = 0.02
 DEFAULT_Z = 2.0
 SPOT_COUNTERS = ("nodes_started", "preemptions", "notices", "notices_late", "actor_deaths", "commits",
@@ -146,10 +148,8 @@ def difference(a: Run, b: Run) -> dict:
 def compare(a: Run, b: Run, *, target: float | None = None, tolerance: float = DEFAULT_TOLERANCE,
             z: float = DEFAULT_Z) -> dict:
     """The comparison as plain data (what compare.json holds)."""
-    if tolerance < 0 or not math.isfinite(tolerance):
-        raise ValueError(f"--tolerance must be a finite number >= 0, got {tolerance}")
-    if z < 0 or not math.isfinite(z):
-        raise ValueError(f"--z must be a finite number >= 0, got {z}")
+    require_number("--tolerance", tolerance, ">= 0")
+    require_number("--z", z, ">= 0")
     source = "RUN_B final validation mean" if target is None else "--target"
     target = b.final[1] if target is None else float(target)
     diff = difference(a, b)

@@ -183,7 +183,7 @@ def test_reward_modes_and_metadata_lookup(tmp_path):
         reward(images[:1], ["a cat"])
     with pytest.raises(ValueError, match="metadata_file"):
         GenevalReward(detector=_fake_detector, color_model=lambda *a: [])
-    with pytest.raises(ValueError, match="mode='mix'"):
+    with pytest.raises(ValueError, match="reward_fn.kwargs.mode must be one of .*, got 'mix'"):
         GenevalReward(metadata=PROMPTS, mode="mix", detector=_fake_detector, color_model=lambda *a: [])
     with pytest.raises(ValueError, match="describes another prompt"):
         GenevalReward(metadata={"x": PROMPTS["a photo of a cup"]}, detector=_fake_detector, color_model=lambda *a: [])

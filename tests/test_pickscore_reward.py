@@ -69,7 +69,7 @@ def test_errors_name_the_key(clip_dirs, tmp_path):
         PickScoreReward(model_path=clip_dirs["detector"])
     with pytest.raises(ValueError, match="reward_fn.kwargs.processor_path=.*no such directory"):
         PickScoreReward(model_path=clip_dirs["full"], processor_path=str(tmp_path / "laion"))
-    with pytest.raises(ValueError, match="normalize_by"):
+    with pytest.raises(ValueError, match="reward_fn.kwargs.normalize_by must be a finite number > 0, got 0"):
         PickScoreReward(model_path=clip_dirs["full"], normalize_by=0)
     model_only = PickScoreReward(model_path=clip_dirs["model_only"], device="cpu")
     with pytest.raises(ValueError, match="reward_fn.kwargs.model_path=.*cannot load a CLIP processor"):

@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from roll_spotlight.checks import require_each, require_int, require_number
+from roll_spotlight.checks import require, require_each, require_int, require_number
 from roll_spotlight.dispatch.requests import (
     KIND_ORDER,
     Completion,
@@ -726,15 +726,11 @@ class RequestQueue:
         return entry
 
 
-def _validate_pull(
-    n: int, max_lease_s: float | None, kinds: Collection[RequestKind] | None
-) -> None:
-    if n < 1:
-        raise ValueError(f"pull: n must be >= 1, got {n}")
-    if max_lease_s is not None and not max_lease_s > 0:
-        raise ValueError(f"pull: max_lease_s must be > 0, got {max_lease_s}")
-    if kinds is not None and not all(isinstance(k, RequestKind) for k in kinds):
-        raise ValueError(f"pull: kinds must be RequestKind members, got {sorted(map(str, kinds))}")
+def _validate_pull(n: int, max_lease_s: float | None, kinds: Collection[RequestKind] | None) -> None:
+    require_int("pull: n", n)
+    require_number("pull: max_lease_s", max_lease_s, optional=True)
+    require(kinds is None or all(isinstance(k, RequestKind) for k in kinds), "pull: kinds",
+            kinds and sorted(map(str, kinds)), "must be RequestKind members")
 
 
 def _check_resumable(request: Request, state: InFlightState) -> None:

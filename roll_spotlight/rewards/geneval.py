@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from roll_spotlight.checks import require_choice, require_int
 from roll_spotlight.rewards.reward import Reward, RewardOutput
 from roll_spotlight.rewards.geneval_rules import (
     Detection,
@@ -53,10 +54,8 @@ class GenevalReward(Reward):
                  device: str = "auto", batch_size: int = 4, top_k: int = 100,
                  detector: Detector | None = None, color_model: ColorModel | None = None,
                  **thresholds: float) -> None:
-        if mode not in GENEVAL_MODES:
-            raise ValueError(f"{KEY}.mode={mode!r} is not one of {GENEVAL_MODES}")
-        if batch_size < 1:
-            raise ValueError(f"{KEY}.batch_size={batch_size!r} must be >= 1")
+        require_choice(f"{KEY}.mode", mode, GENEVAL_MODES)
+        require_int(f"{KEY}.batch_size", batch_size)
         unknown = sorted(set(thresholds) - set(GenevalRules.__dataclass_fields__))
         if unknown:
             raise ValueError(f"{KEY}.{unknown[0]} is not a GenevalReward option")

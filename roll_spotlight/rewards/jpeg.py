@@ -10,6 +10,7 @@ import io
 import numpy as np
 from PIL import Image
 
+from roll_spotlight.checks import require_int
 from roll_spotlight.rewards.reward import Reward, RewardOutput
 
 
@@ -17,8 +18,7 @@ class JpegCompressibility(Reward):
     """Reward = -(JPEG size in kB, 1 kB = 1000 bytes) at `quality` (95 as in DDPO); higher = simpler."""
 
     def __init__(self, quality: int = 95) -> None:
-        if not (isinstance(quality, int) and 1 <= quality <= 100):
-            raise ValueError(f"JpegCompressibility.quality={quality!r} must be an int in [1, 100]")
+        require_int("JpegCompressibility.quality", quality, "[1, 100]")
         self.quality = quality
 
     def _size_kb(self, image: np.ndarray) -> float:

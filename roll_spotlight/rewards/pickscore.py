@@ -17,11 +17,11 @@ downloaded.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
+from roll_spotlight.checks import require_int, require_number
 from roll_spotlight.rewards.reward import Reward, RewardOutput
 
 KEY = "reward_fn.kwargs"
@@ -40,10 +40,8 @@ class PickScoreReward(Reward):
         if processor_path is not None and not Path(processor_path).is_dir():
             raise ValueError(f"{KEY}.processor_path={processor_path!r}: no such directory "
                              "(nothing is downloaded; put the CLIP processor there)")
-        if batch_size < 1:
-            raise ValueError(f"{KEY}.batch_size={batch_size!r} must be >= 1")
-        if not (isinstance(normalize_by, (int, float)) and math.isfinite(normalize_by) and normalize_by > 0):
-            raise ValueError(f"{KEY}.normalize_by={normalize_by!r} must be a positive number")
+        require_int(f"{KEY}.batch_size", batch_size)
+        require_number(f"{KEY}.normalize_by", normalize_by)
         self.model_path, self.processor_path = model_path, processor_path
         self.device, self.batch_size, self.normalize_by = resolve_device(device), batch_size, float(normalize_by)
         self._clip = None

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roll_spotlight.checks import require_each, require_number
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -47,11 +49,9 @@ class SyntheticRewardConfig:
     version_drift: float = 0.05
 
     def __post_init__(self) -> None:
-        if not 0 <= self.zero_variance_fraction <= 1:
-            raise ValueError(f"zero_variance_fraction must be in [0, 1], got {self.zero_variance_fraction}")
-        for key in ("mean_spread", "seed_spread", "version_drift"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"SyntheticRewardConfig.{key} must be >= 0, got {getattr(self, key)}")
+        require_number("SyntheticRewardConfig.zero_variance_fraction", self.zero_variance_fraction, "[0, 1]")
+        require_each(self, "SyntheticRewardConfig", ("mean_spread", "seed_spread", "version_drift"), require_number,
+                     ">= 0")
 
 
 class SyntheticRewards:
