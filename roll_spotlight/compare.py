@@ -38,12 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from roll_spotlight.checks import require_number
+from roll_spotlight.run_report import SPOT_COUNTERS
+from roll_spotlight.training.metrics import read_metrics
 
 DEFAULT_TOLERANCE = 0.02
 DEFAULT_Z = 2.0
-SPOT_COUNTERS = ("nodes_started", "preemptions", "notices", "notices_late", "actor_deaths", "commits",
-                 "resumed_from_commit", "outputs_resumed", "completed_on_spot", "steps_lost", "requests_failed",
-                 "duplicate_completions", "late_completions_rejected")
 
 
 @dataclass
@@ -72,7 +71,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise FileNotFoundError(f"{path} has no metrics.jsonl: is it a run directory?")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = read_metrics(path)
     val = [(int(r["step"]), float(r["val_reward"]), float(r.get("val_reward_se", 0.0))) for r in rows if "val_reward" in r]
     if not val:
         raise ValueError(f"{metrics} has no validation rows (val_reward): nothing to compare")
