@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from roll_spotlight.checks import require_choice
+from roll_spotlight.checks import require, require_choice, require_number
 
 __all__ = ["Rendezvous", "RendezvousHost", "SPMembership", "group_memberships", "is_loopback"]
 
@@ -76,10 +76,8 @@ class SPMembership:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"SPMembership: rank={self.rank} must be in [0, size={self.size})")
-        if not self.timeout_s > 0:
-            raise ValueError(f"SPMembership.timeout_s={self.timeout_s} must be > 0")
+        require(0 <= self.rank < self.size, "SPMembership.rank", self.rank, f"must be in [0, size={self.size})")
+        require_number("SPMembership.timeout_s", self.timeout_s)
 
 
 def group_memberships(rendezvous: Rendezvous, name: str, size: int, timeout_s: float = 60.0) -> list[SPMembership]:
