@@ -177,17 +177,11 @@ class RayWorkerLauncher:
             self._lose(name)  # and the survivors re-form in this poll's `advance`
 
     def kill(self, name: str) -> int:
-        import ray
-
         unsaved = self.unsaved_steps(name)
         for worker in self.nodes[name]:
-            handle = self.workers.pop(worker, None)
             # a worker still loading has no phases yet: do not wait on it for them
-            self._keep_timeline(worker, handle if self._started(worker) else None, "preempted")
-            if handle is not None:
-                ray.kill(handle, no_restart=True)
-            self._serving.pop(worker, None)
-            self._ready.pop(worker, None)
+            self._keep_timeline(worker, self.workers.get(worker) if self._started(worker) else None, "preempted")
+        self._end_node(name)
         self._lose(name)
         return unsaved
 
