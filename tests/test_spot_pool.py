@@ -128,7 +128,14 @@ def test_market_schedule_returns_each_event_once_with_node_deadlines():
     assert [(e.kind, e.node_id) for e in first][-1] == (EventKind.NOTICE, "z/a")
     assert schedule.due(0.0) == []
     assert schedule.deadline("z/a") == 20.0 and schedule.deadline("z/c") is None
-    assert len(first) + len(schedule.due(math.inf)) == len(market.events) and schedule.exhausted
+    assert len(first) + len(schedule.due(math.inf)) == len(market.events) and schedule.due(math.inf) == []
+
+
+def test_a_lead_brings_later_node_ups_forward_and_keeps_the_deadlines():
+    schedule = MarketSchedule(fake_market(), lead_s=4.0)  # c up at 10 -> 6; the fleet at 0 stays at 0
+    assert [(e.kind, e.node_id) for e in schedule.due(5.9)] == [(EventKind.NODE_UP, "z/a"), (EventKind.NODE_UP, "z/b")]
+    assert [(e.kind, e.node_id, e.time_s) for e in schedule.due(6.0)] == [(EventKind.NODE_UP, "z/c", 6.0)]
+    assert schedule.deadline("z/a") == 20.0 and schedule.due(14.9) == []
 
 
 def test_pool_config_names_the_bad_key():

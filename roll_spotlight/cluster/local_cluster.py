@@ -417,12 +417,14 @@ class ClusterTraceDriver:
     docstring). ``epoch0``: the epoch second of market time 0 (deadlines are sent in epoch
     seconds). ``before_kill(name, noticed)`` runs just before a node is killed (the soak reads
     what the node's workers had not handed to the queue). ``no_notice``: every NOTICE is dropped,
-    so every NODE_DOWN is a kill without notice. ``cluster`` needs ``add_spot_node``, ``notice``
+    so every NODE_DOWN is a kill without notice. ``lead_s``: how long a node takes to come up (its
+    start is that much early, `MarketSchedule`). ``cluster`` needs ``add_spot_node``, ``notice``
     and ``kill`` (tests pass a fake)."""
 
     def __init__(self, market: SpotMarket, cluster, epoch0: float,
-                 before_kill: Callable[[str, bool], None] | None = None, *, no_notice: bool = False) -> None:
-        self.schedule = MarketSchedule(market)
+                 before_kill: Callable[[str, bool], None] | None = None, *, no_notice: bool = False,
+                 lead_s: float = 0.0) -> None:
+        self.schedule = MarketSchedule(market, lead_s)
         self.cluster, self.epoch0, self.no_notice = cluster, epoch0, no_notice
         self.before_kill = before_kill or (lambda name, noticed: None)
         self.names: dict[str, str] = {}  # market node id -> cluster node name

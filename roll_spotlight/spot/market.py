@@ -60,7 +60,7 @@ import bisect
 import enum
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
@@ -373,25 +373,25 @@ def _ramp_end(lives: tuple[NodeLife, ...]) -> float:
 
 
 class MarketSchedule:
-    """A ``SpotMarket`` as an event source, on its wall clock (seconds since the window start)."""
+    """A ``SpotMarket`` as an event source, on its wall clock (seconds since the window start).
+    ``lead_s``: every NODE_UP after the start comes that much early (nodes that take ``lead_s`` to
+    come up join when the trace says); deadlines stay the trace's."""
 
-    def __init__(self, market: SpotMarket) -> None:
+    def __init__(self, market: SpotMarket, lead_s: float = 0.0) -> None:
         self.market = market
         self._next = 0
+        early = [replace(e, time_s=max(0.0, e.time_s - lead_s)) if e.kind is EventKind.NODE_UP and e.time_s > 0
+                 else e for e in market.events]
+        self._events = sorted(early, key=lambda e: e.time_s)  # stable: ties keep the market's order
         scale, t0 = market.config.compression, market.window_start_s
         self._deadlines = {life.node_id: (life.down_s - t0) / scale
                            for life in market.lives if life.down_s is not None}
 
     def due(self, now: float) -> list[MarketEvent]:
-        events = self.market.events
         start = self._next
-        while self._next < len(events) and events[self._next].time_s <= now:
+        while self._next < len(self._events) and self._events[self._next].time_s <= now:
             self._next += 1
-        return list(events[start:self._next])
+        return self._events[start:self._next]
 
     def deadline(self, node_id: str) -> float | None:
         return self._deadlines.get(node_id)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._next >= len(self.market.events)

@@ -13,7 +13,6 @@ from pathlib import Path
 from roll_spotlight.cluster.local_cluster import (HEAD_MB, NODE_BASE_MB, ClusterTraceDriver, LocalCluster,
                                                   LocalClusterConfig, available_memory_mb)
 from roll_spotlight.spot_pool.training_pool import training_market
-from roll_spotlight.spot.market import EventKind, MarketSchedule
 
 # Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
 # training stand-ins, no model (a Qwen-Image worker holds the model on its GPU, not here).
@@ -41,28 +40,6 @@ def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: floa
         raise ValueError(f"--emulate: {workers} {ondemand} and {nodes} spot nodes of {gpus_per_node} GPUs need "
                          f"about {need / 1024:.1f} GiB and this machine has {available / 1024:.1f} GiB available: "
                          f"at most {fits} spot nodes (spot.max_workers) here")
-
-
-class LeadingSchedule:
-    """A market's events on its wall clock, with every node's NODE_UP ``lead_s`` early (a node
-    that joins later than the window start): `spot.market.MarketSchedule` for a harness whose
-    nodes take ``lead_s`` to come up."""
-
-    def __init__(self, market, lead_s: float) -> None:
-        self._deadlines = MarketSchedule(market)
-        early = [replace(e, time_s=max(0.0, e.time_s - lead_s)) if e.kind is EventKind.NODE_UP and e.time_s > 0
-                 else e for e in market.events]
-        self._events = sorted(early, key=lambda e: e.time_s)
-        self._next = 0
-
-    def due(self, now: float) -> list:
-        start = self._next
-        while self._next < len(self._events) and self._events[self._next].time_s <= now:
-            self._next += 1
-        return self._events[start:self._next]
-
-    def deadline(self, node_id: str) -> float | None:
-        return self._deadlines.deadline(node_id)
 
 
 class TraceRaylets:
@@ -97,8 +74,7 @@ class TraceRaylets:
                                     provider=provider, notice_s=self.market.notice_s, health_check_period_ms=3000)
         self.cluster = LocalCluster(config).__enter__()
         try:
-            self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time())
-            self.driver.schedule = LeadingSchedule(self.market, self.RAYLET_START_S)
+            self.driver = ClusterTraceDriver(self.market, self.cluster, epoch0=time.time(), lead_s=self.RAYLET_START_S)
         except BaseException:
             self.cluster.close()
             raise
