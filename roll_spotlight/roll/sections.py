@@ -112,13 +112,13 @@ def _section_field(name: str, cls: type) -> tuple[str, type, Any]:
     return RUN_TO_RECIPE.get(name, name), cls, field(default_factory=cls)
 
 
-# Every section of a recipe that Spotlight owns, validated together: RunConfig's sections under a
-# recipe's names (`RUN_TO_RECIPE`), then the ROLL host's own `elastic`. Built from RunConfig's
-# fields, so a section added there is a recipe section too.
 SpotlightSections = dataclasses.make_dataclass(
     "SpotlightSections",
     [_section_field(name, cls) for name, cls in RUN_SECTIONS.items()] + [_section_field("elastic", ElasticConfig)],
-    namespace={"__module__": __name__, "__post_init__": _check_elastic_fits})
+    namespace={"__module__": __name__, "__post_init__": _check_elastic_fits, "__doc__": (
+        "Every section of a recipe that Spotlight owns, validated together: RunConfig's sections under a "
+        "recipe's names (`RUN_TO_RECIPE`), then the ROLL host's own `elastic`. Built from RunConfig's "
+        "fields, so a section added there is a recipe section too.")})
 SECTION_KEYS = tuple(f.name for f in dataclasses.fields(SpotlightSections))
 
 
