@@ -33,8 +33,8 @@ def test_capacity_names_the_flags_and_what_fits():
     check_capacity(4, 2, fits)
     with pytest.raises(ValueError, match=r"--nodes 5 x --gpus-per-node 2 .* at most --nodes 4 here"):
         check_capacity(5, 2, fits)
-    with pytest.raises(ValueError, match="--nodes must be an integer >= 1"):
-        check_capacity(0, 2, fits)
+    with pytest.raises(ValueError, match="--nodes must be an integer >= 0"):
+        check_capacity(-1, 2, fits)
 
 
 def test_too_many_nodes_is_one_line_exit_2_before_anything_starts(capsys):

@@ -122,7 +122,8 @@ def test_the_bench_window_starts_with_a_full_fleet_and_holds_a_notice_then_a_pre
     (["--emulate", "h100", "--time-scale", "0"], "--time-scale must be > 0"),
     (["--emulate", "h100", "-o", "train.use_lora=false", "-o", "model.image_size=1280"],
      "--emulate h100: the memory plan does not fit"),
-    (["--emulate", "h100", "-o", "spot.max_workers=100000"], "--emulate: 9 on-demand GPUs and 100000 spot nodes"),
+    (["--emulate", "h100", "-o", "spot.max_workers=100000"],
+     "--emulate: spot.max_workers 100000 x spot.gpus_per_node 1 and 9 on-demand GPUs need"),
 ])
 def test_bad_emulation_input_is_one_line_exit_2_before_anything_starts(prompts, tmp_path, capsys, flags, message):
     from roll_spotlight.cli import main
@@ -140,12 +141,13 @@ def test_bad_emulation_input_is_one_line_exit_2_before_anything_starts(prompts, 
 def test_capacity_counts_each_worker_process_at_its_host_size():
     """A ROLL host's workers are larger processes than the runtime's actors: the same count that
     fits as actors may not fit as ROLL workers, and the error says how many spot nodes would."""
-    from roll_spotlight.spot_pool.emulated_nodes import (EMULATED_WORKER_MB, HEAD_MB, NODE_BASE_MB, ROLL_WORKER_MB,
-                                                         check_capacity)
+    from roll_spotlight.cluster.local_cluster import HEAD_MB, NODE_BASE_MB
+    from roll_spotlight.spot_pool.emulated_nodes import EMULATED_WORKER_MB, ROLL_WORKER_MB, check_capacity
 
     available = HEAD_MB + 12 * EMULATED_WORKER_MB + 2 * (NODE_BASE_MB + EMULATED_WORKER_MB)
     check_capacity((12, 2), 1, available)  # fits exactly as runtime actors
-    with pytest.raises(ValueError, match=r"--emulate: 12 ROLL workers and 2 spot nodes .* at most 0 spot nodes"):
+    with pytest.raises(ValueError, match=r"--emulate: spot.max_workers 2 x spot.gpus_per_node 1 and 12 ROLL workers "
+                                         r"need .* at most spot.max_workers 0 here"):
         check_capacity((12, 2), 1, available, ondemand_mb=ROLL_WORKER_MB, ondemand="ROLL workers")
 
 

@@ -64,21 +64,24 @@ WORKER_MB = 500.0
 HEAD_MB = 1500.0
 
 
-def node_memory_mb(gpus_per_node: int) -> float:
-    return NODE_BASE_MB + gpus_per_node * WORKER_MB
+def node_memory_mb(gpus_per_node: int, worker_mb: float = WORKER_MB) -> float:
+    return NODE_BASE_MB + gpus_per_node * worker_mb
 
 
 def check_capacity(nodes: int, gpus_per_node: int, available_mb: float, *, nodes_key: str = "--nodes",
-                   gpus_key: str = "--gpus-per-node") -> None:
-    """ValueError naming the flags when ``nodes`` spot nodes of ``gpus_per_node`` workers (and the
-    head) need more memory than ``available_mb``: checked before anything starts."""
-    require_int(nodes_key, nodes)
+                   gpus_key: str = "--gpus-per-node", worker_mb: float = WORKER_MB, head_mb: float = HEAD_MB,
+                   head: str = "the head") -> None:
+    """ValueError naming the keys when ``nodes`` spot nodes of ``gpus_per_node`` workers (``worker_mb``
+    each) and ``head`` (``head_mb``) need more memory than ``available_mb``: checked before anything starts."""
+    require_int(nodes_key, nodes, ">= 0")
     require_int(gpus_key, gpus_per_node)
-    need = HEAD_MB + nodes * node_memory_mb(gpus_per_node)
+    per_node = node_memory_mb(gpus_per_node, worker_mb)
+    need = head_mb + nodes * per_node
     if need > available_mb:
-        fits = max(0, math.floor((available_mb - HEAD_MB) / node_memory_mb(gpus_per_node)))
-        raise ValueError(f"{nodes_key} {nodes} x {gpus_key} {gpus_per_node} needs about {need / 1024:.1f} GiB and "
-                         f"this machine has {available_mb / 1024:.1f} GiB available: at most {nodes_key} {fits} here")
+        fits = max(0, math.floor((available_mb - head_mb) / per_node))
+        raise ValueError(f"{nodes_key} {nodes} x {gpus_key} {gpus_per_node} and {head} need about {need / 1024:.1f} "
+                         f"GiB and this machine has {available_mb / 1024:.1f} GiB available: at most {nodes_key} "
+                         f"{fits} here")
 
 
 def available_memory_mb() -> float:

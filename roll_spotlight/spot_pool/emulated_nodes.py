@@ -10,8 +10,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from roll_spotlight.cluster.local_cluster import (HEAD_MB, NODE_BASE_MB, ClusterTraceDriver, LocalCluster,
-                                                  LocalClusterConfig, available_memory_mb)
+from roll_spotlight.cluster import local_cluster
+from roll_spotlight.cluster.local_cluster import (HEAD_MB, ClusterTraceDriver, LocalCluster, LocalClusterConfig,
+                                                  available_memory_mb)
 from roll_spotlight.spot_pool.training_pool import training_market
 
 # Memory (RSS) of an emulated worker actor: Ray's worker process with torch imported for the
@@ -30,16 +31,15 @@ def check_capacity(gpus: tuple[int, int], gpus_per_node: int, available_mb: floa
                    ondemand_mb: float = EMULATED_WORKER_MB, ondemand: str = "on-demand GPUs") -> None:
     """ValueError naming --emulate when this machine cannot hold the emulated GPUs: a worker
     process each (``ondemand_mb`` for the on-demand ones: a ROLL host's are larger), and a raylet
-    per spot node (`cluster.local_cluster`)."""
+    per spot node (`cluster.local_cluster.check_capacity`)."""
     workers, nodes = gpus
-    per_node = NODE_BASE_MB + gpus_per_node * EMULATED_WORKER_MB
-    need = HEAD_MB + workers * ondemand_mb + nodes * per_node
     available = available_memory_mb() if available_mb is None else available_mb
-    if need > available:
-        fits = max(0, int((available - HEAD_MB - workers * ondemand_mb) // per_node))
-        raise ValueError(f"--emulate: {workers} {ondemand} and {nodes} spot nodes of {gpus_per_node} GPUs need "
-                         f"about {need / 1024:.1f} GiB and this machine has {available / 1024:.1f} GiB available: "
-                         f"at most {fits} spot nodes (spot.max_workers) here")
+    try:
+        local_cluster.check_capacity(nodes, gpus_per_node, available, nodes_key="spot.max_workers",
+                                     gpus_key="spot.gpus_per_node", worker_mb=EMULATED_WORKER_MB,
+                                     head_mb=HEAD_MB + workers * ondemand_mb, head=f"{workers} {ondemand}")
+    except ValueError as err:
+        raise ValueError(f"--emulate: {err}") from None
 
 
 class TraceRaylets:
