@@ -59,6 +59,21 @@ def test_wrong_type_names_the_key(tmp_path, capsys):
     assert "sampling.num_steps" in err and "ten" in err
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", "four"])
+def test_max_batch_not_a_positive_integer_names_the_key(tmp_path, capsys, value):
+    err = _train(tmp_path, capsys, CONFIG, f"sampling.max_batch={value}")
+    assert "sampling.max_batch" in err and value in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_max_batch_in_a_roll_recipe_names_the_key_and_the_file():
+    from roll_spotlight.roll.sections import validate_recipe
+
+    path = REPO / "configs" / "roll" / "tiny_shapes_roll.yaml"
+    with pytest.raises(ConfigError) as info:
+        validate_recipe(load_yaml(path, ["sampling.max_batch=0"]), source=str(path))
+    assert "sampling.max_batch" in str(info.value) and str(path) in str(info.value)
+
+
 def test_group_size_below_two_names_the_key(tmp_path, capsys):
     err = _train(tmp_path, capsys, CONFIG, "train.group_size=1")
     assert "train.group_size" in err
