@@ -1,6 +1,6 @@
 """The published GPU measurement the cost model is calibrated against, and the simulator beside it.
 
-    python -m benchmarks.sim_reference   # the check and the calibrated MFUs, as JSON (SIMULATED)
+    python -m benchmarks.sim_reference   # the check and the calibrated train_mfu, as JSON (SIMULATED)
 
 verl-omni's performance reference (``costmodel.SOURCE_VERL_OMNI_PERF``): Flow-GRPO with LoRA on
 Qwen-Image OCR, ``examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh`` on 4 x H800,
@@ -20,11 +20,12 @@ the reference's step does beyond this project's:
   dedicated fifth GPU (``run_qwen_image_ocr_lora_async_reward.sh``), where it hides behind
   generation. The simulator scores colocated (``SimConfig.reward_colocated``) at 60 s / 512 images.
 
-The reference publishes the step time only (no split between generation and training), so one
-number calibrates one unknown: the MFU, ``rollout_mfu`` with ``train_mfu`` at the assumed
-``ASSUMED_TRAIN_TO_ROLLOUT_MFU`` of it. With no spot GPUs the simulated iteration is
-``A / rollout_mfu + B`` (compute, then the fixed reward and weight sync), so two simulations find
-A and B and the MFU that gives the published time (:func:`calibrate_mfus`).
+Its rollouts are serial: the run predates verl-omni's rollout batching (performance row of
+2026-04-23; step-wise batching 2026-06-15, request-level batching for Qwen-Image 2026-07-24, whose
+doc measures this recipe's generation at 226.4 s serial and 107.9 s batched). The rollout curve is
+fitted to those two times (``sim.batching``), so the simulator's serial vanilla generates in
+226.4 s; the published step time then calibrates the one unknown left, ``train_mfu``
+(:func:`calibrate_train_mfu`): with no spot GPUs the simulated iteration is ``A / train_mfu + B``.
 """
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ import json
 from dataclasses import dataclass
 
 from roll_spotlight.sim.baselines import get_baseline
-from roll_spotlight.sim.costmodel import (ASSUMED_TRAIN_TO_ROLLOUT_MFU, SOURCE_VERL_OMNI_PERF, VERL_OMNI,
-                                          CostModel)
+from roll_spotlight.sim.costmodel import SOURCE_VERL_OMNI_PERF, VERL_OMNI, CostModel
 from roll_spotlight.sim.spotfeed import fake_feed
 from roll_spotlight.sim.system import ClusterSimulation, SimConfig
 from roll_spotlight.sim.workload import Workload
@@ -85,7 +85,7 @@ def simulated_step_s(run: PublishedRun = VERL_OMNI_LORA, cost: CostModel | None 
     the published step time: ``{"published_s", "simulated_s", "ratio", "within_tolerance", "phases_s"}``."""
     cost = cost or reference_model(run)
     config = SimConfig(resolution=run.workload.resolution, ondemand=run.gpus, spot=0, iterations=iterations,
-                       reward_colocated=True)
+                       reward_colocated=True, serial_rollout=True)   # as that run's engine
     result = ClusterSimulation(get_baseline("vanilla"), config, cost, fake_feed([])).simulate()
     ratio = result.time_per_iteration_s / run.step_s
     return {"kind": "simulated", "run": run.name, "source": run.source, "published_s": run.step_s,
@@ -94,26 +94,25 @@ def simulated_step_s(run: PublishedRun = VERL_OMNI_LORA, cost: CostModel | None 
             "phases_s": result.phases_per_iteration["wall_s"]}
 
 
-def calibrate_mfus(run: PublishedRun = VERL_OMNI_LORA, base: CostModel | None = None) -> dict[str, float]:
-    """``{"rollout_mfu", "train_mfu"}`` with which the simulated vanilla of ``run`` takes its published
-    step time (``train_mfu`` = ``ASSUMED_TRAIN_TO_ROLLOUT_MFU`` x ``rollout_mfu``)."""
+def calibrate_train_mfu(run: PublishedRun = VERL_OMNI_LORA, base: CostModel | None = None) -> float:
+    """The ``train_mfu`` with which the simulated vanilla of ``run`` takes its published step time
+    (the rollout curve as ``base`` has it)."""
     model = reference_model(run, base)
 
     def step_s(mfu: float) -> float:
-        mfus = {"rollout_mfu": mfu, "train_mfu": ASSUMED_TRAIN_TO_ROLLOUT_MFU * mfu}
-        return simulated_step_s(run, model.with_overrides(mfus, source="calibration probe"))["simulated_s"]
+        probe = model.with_overrides({"train_mfu": mfu}, source="calibration probe")
+        return simulated_step_s(run, probe)["simulated_s"]
 
     t1, t2 = step_s(0.5), step_s(1.0)          # t = A / mfu + B
     a = (t1 - t2) / (1 / 0.5 - 1 / 1.0)
     b = t2 - a
     if not run.step_s > b:
-        raise ValueError(f"{run.name}: the fixed phases alone take {b:.0f} s >= the published {run.step_s:.0f} s")
-    mfu = a / (run.step_s - b)
-    return {"rollout_mfu": mfu, "train_mfu": ASSUMED_TRAIN_TO_ROLLOUT_MFU * mfu}
+        raise ValueError(f"{run.name}: the phases besides training take {b:.0f} s >= the published {run.step_s:.0f} s")
+    return a / (run.step_s - b)
 
 
 def main(argv=None) -> int:
-    print(json.dumps({"check": simulated_step_s(), "calibrated": calibrate_mfus()}, indent=2))
+    print(json.dumps({"check": simulated_step_s(), "calibrated_train_mfu": calibrate_train_mfu()}, indent=2))
     return 0
 
 

@@ -42,7 +42,7 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
              cost_model: CostModel | Mapping[str, Any] | None = None, timeline: bool = False,
              start_s: float = 0.0, skip_ramp: bool = True, zones: Sequence[str] | None = None,
              gpus_per_spot_node: int = 1, spot_host_gpus: int = 8, feed: SpotFeed | None = None,
-             fair_cost: bool = False) -> dict:
+             fair_cost: bool = False, max_batch: int | None = None, serial_rollout: bool = False) -> dict:
     """Simulate each baseline on the same cluster and trace window; returns a JSON-ready dict.
 
     ``fair_cost``: also simulate, for each spot baseline among ``baselines``, vanilla on the
@@ -51,6 +51,9 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     count and described under ``"fair_cost"`` (its top level: Spotlight's, when simulated;
     ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
     ``budget.exploration_budget`` for this shape.
+
+    ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``; default the recipes'
+    batch at the resolution; ``serial_rollout`` the batch-1 mode of the engine before batching).
 
     ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
     overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
@@ -64,7 +67,8 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
         feed = _feed(trace, spot, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
     config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
                        gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
-                       record_timeline=timeline)
+                       record_timeline=timeline, max_batch=max_batch, serial_rollout=serial_rollout)
+    batch = config.batch_of(cost)
     results = {spec.name: ClusterSimulation(spec, config, cost, feed).simulate() for spec in specs}
     baselines = {name: _result_dict(r, timeline) for name, r in results.items()}
     fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
@@ -76,13 +80,14 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
         "cluster": {"ondemand_gpus": ondemand, "spot_gpus": spot, "gpus_per_spot_node": gpus_per_spot_node,
                     "spot_host_gpus": spot_host_gpus,
                     "gpu": gpu_spec(cost.gpu).name, "resolution": resolution},
+        "rollout": {"max_batch": batch, "serial": serial_rollout},
         "iterations": iterations,
         "seed": seed,
-        "phases": phase_summary(cost, resolution, ondemand),
+        "phases": phase_summary(cost, resolution, ondemand, batch, serial_rollout),
         "calibration": cost.calibration,  # the published calibration, or the gpu_check file measured on a GPU
         "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
                                     "spot": feed.prices.price("spot").usd_per_gpu_hour},
-        "exploration_budget": exploration_budget(cost, resolution, ondemand, spot),
+        "exploration_budget": exploration_budget(cost, resolution, ondemand, spot, batch, serial_rollout),
         "baselines": baselines,
         **({"fair_cost": fair} if fair is not None else {}),
     }
@@ -134,16 +139,18 @@ def _feed(trace: TraceLike, spot: int, gpus_per_node: int, seed: int, start_s: f
     return spot_feed(trace, spot_nodes=nodes, start_s=start_s, skip_ramp=skip_ramp, zones=zones, seed=seed)
 
 
-def phase_summary(cost: CostModel, resolution: int, ondemand: int) -> dict:
-    """The cost model's phase times for this shape (simulated inputs, for the report)."""
+def phase_summary(cost: CostModel, resolution: int, ondemand: int, batch: int = 1, serial: bool = False) -> dict:
+    """The cost model's phase times for this shape, rollouts ``batch`` at a time (``serial``: one
+    at a time, CFG branches one after the other), per image (simulated inputs, for the report)."""
     degree = cost.preferred_sp(resolution)
     images = cost.images_per_iteration()
     return {
         "image_tokens": cost.image_tokens(resolution),
         "forward_tflops": cost.forward_flops(resolution) / 1e12,
         "preferred_sp_degree": degree,
-        "rollout_s_per_image_sp1": cost.rollout_s(resolution, 1),
-        "rollout_s_per_image_preferred_sp": cost.rollout_s(resolution, degree),
+        "rollout_batch": batch,
+        "rollout_s_per_image_sp1": cost.rollout_s(resolution, 1, batch=batch, serial=serial) / batch,
+        "rollout_s_per_image_preferred_sp": cost.rollout_s(resolution, degree, batch=batch, serial=serial) / batch,
         "images_per_iteration": images,
         "train_s": cost.train_s(images, resolution, ondemand),
         "reward_s_per_image": cost.reward_s(),
@@ -245,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="requests a worker denoises together (default: the recipes' sampling.max_batch)")
+    parser.add_argument("--serial-rollout", action="store_true",
+                        help="batch-1 mode: one request at a time, CFG branches one after the other (the "
+                             "engine before batching, and verl-omni's published runs)")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--fair-cost", action="store_true",
                         help="also simulate vanilla on the on-demand GPUs each spot baseline's dollars buy "
@@ -285,11 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.fair_cost and not any(get_baseline(b).uses_spot for b in baselines if b in BASELINES):
             sys.stderr.write("spotlight simulate: error: --fair-cost needs a spot baseline among --baselines\n")
             return 2
+        if args.max_batch is not None and (args.max_batch < 1 or args.serial_rollout):
+            sys.stderr.write(f"spotlight simulate: error: --max-batch {args.max_batch}: must be >= 1 and "
+                             "cannot go with --serial-rollout\n")
+            return 2
         result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
                           iterations=args.iterations, baselines=baselines,
                           seed=args.seed, cost_model=cost, timeline=args.timeline,
                           start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus,
-                          fair_cost=args.fair_cost)
+                          fair_cost=args.fair_cost, max_batch=args.max_batch, serial_rollout=args.serial_rollout)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

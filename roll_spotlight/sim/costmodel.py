@@ -5,15 +5,18 @@ One table, :data:`CONSTANTS`, holds each constant with its unit and its source: 
 an explicit ``assumption``. :class:`CostModel` carries the values (overridable from a dict, and
 calibratable with measured regroup times) and derives phase times from them:
 
-- a denoising step costs ``cfg_forwards`` transformer forwards. Qwen-Image's 60 blocks are two
-  streams: an image token passes only the image stream's linears, a text token only the text
-  stream's (QKV + out 4 d^2, MLP 8 d^2: ``12*hidden^2*layers`` parameters per token), and the
-  modulation linears (the other third of the 20B) run once per image; joint attention adds
-  ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image
-  (its docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of
-  ``2*params*tokens``. The step runs at
-  ``peak*mfu`` FLOP/s, divided over an SP group of degree d with efficiency
-  ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
+- a denoising step of ``batch`` images is one forward of ``batch x cfg_forwards`` rows (both CFG
+  branches in the same forward), or, in the serial mode (this project's engine before issue 54 and
+  verl-omni's published runs), ``cfg_forwards`` forwards of one row. A forward's FLOPs follow
+  Qwen-Image's two streams: an image token passes only the image stream's linears, a text token
+  only the text stream's (QKV + out 4 d^2, MLP 8 d^2: ``12*hidden^2*layers`` parameters per token),
+  and the modulation linears (the other third of the 20B) run once per image; joint attention adds
+  ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image (its
+  docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of ``2*params*tokens``.
+  Its seconds are ``sim.batching``'s curve: ``(rollout_floor_s^p + (flops / rate)^p)^(1/p)``, rate
+  ``peak * rollout_mfu`` (the MFU of a saturated forward), on an SP group of degree d each GPU
+  doing ``1/d`` of the FLOPs at efficiency ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all
+  grows with d) and paying the floor itself;
 - a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
   the SDE-window steps are trained;
 - restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth);
@@ -23,11 +26,12 @@ calibratable with measured regroup times) and derives phase times from them:
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-The MFUs are calibrated (``benchmarks.sim_reference``): the simulator's vanilla on verl-omni's published
-Qwen-Image LoRA run (4 x H800, 420 s per step) reproduces that step time. The reference publishes no
-split between generation and training, so the ratio of ``train_mfu`` to ``rollout_mfu`` stays an
-assumption. ``with_gpu(name)`` swaps the datasheet figures of another GPU (``sim.gpus``) and keeps
-the MFUs. Numbers derived from this model are *simulated* and reports must say so. Exploration's
+The rollout constants are fitted (``sim.batching``): the knee ``batch_knee_p`` to SGLang's
+published time per step against batch, the floor and ``rollout_mfu`` to verl-omni's published
+generation times serial and batched (same recipe as the calibration run). ``train_mfu`` is then
+calibrated (``benchmarks.sim_reference``): the simulator's vanilla of verl-omni's published Qwen-Image LoRA
+run (4 x H800, 420 s per step, its rollouts serial) takes that step time. ``with_gpu(name)`` swaps
+the datasheet figures of another GPU (``sim.gpus``) and keeps the MFUs and the floor. Numbers derived from this model are *simulated* and reports must say so. Exploration's
 effect on convergence is not modelled at all (see ``run.time_to_target``).
 
 GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the published
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from roll_spotlight.sim.batching import SOURCE_SGLANG, SOURCE_VERL_OMNI_BATCHING, forward_s
 from roll_spotlight.sim.gpus import GPUS, gpu_spec
 
 SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
@@ -51,11 +56,12 @@ SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransforme
 VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
 SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
                          "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
-# rollout_mfu as benchmarks.sim_reference.calibrate_mfus derives it from the published run (a test pins it);
-# train_mfu at the assumed 0.30 / 0.40 of it: the run publishes no split.
-ASSUMED_TRAIN_TO_ROLLOUT_MFU = 0.75
-CALIBRATED_ROLLOUT_MFU = 0.249
-CALIBRATED_TRAIN_MFU = ASSUMED_TRAIN_TO_ROLLOUT_MFU * CALIBRATED_ROLLOUT_MFU
+# The rollout curve as sim.batching fits it, train_mfu as benchmarks.sim_reference.calibrate_train_mfu derives it
+# (tests/test_sim_batching.py and tests/test_sim_reference.py pin them).
+FITTED_KNEE_P = 4.051
+FITTED_ROLLOUT_FLOOR_S = 0.08733
+FITTED_ROLLOUT_MFU = 0.3994
+CALIBRATED_TRAIN_MFU = 0.2619
 PUBLISHED_CALIBRATION = "published: verl-omni Qwen-Image LoRA on 4 x H800, 420 s per step"
 
 
@@ -81,15 +87,22 @@ CONSTANTS: dict[str, Constant] = {
     "bytes_per_param": Constant(2, "bytes", "bf16 weights (Flow-GRPO mixed_precision=bf16)"),
     # --- hardware ---
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
-    "rollout_mfu": Constant(CALIBRATED_ROLLOUT_MFU, "fraction of peak",
-                            f"calibrated: {SOURCE_VERL_OMNI_PERF}; with it (and train_mfu = 0.75 x it) the "
-                            "simulator's vanilla of that run (benchmarks.sim_reference) takes the published 420 s. An "
-                            "effective figure, absorbing that stack's overheads (parameter offload, engine "
-                            "sleep/wake); applied to every GPU's peak (assumption: the same fraction)"),
+    "rollout_mfu": Constant(FITTED_ROLLOUT_MFU, "fraction of peak",
+                            f"fitted (sim.batching.fit_stack): a saturated forward's MFU in {SOURCE_VERL_OMNI_BATCHING}, "
+                            "on 4 x H800 (assumption: the calibration run's GPUs); vLLM-Omni with the LoRA "
+                            "unmerged; applied to every GPU's peak (assumption: the same fraction)"),
+    "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward",
+                                f"fitted (sim.batching.fit_stack) with rollout_mfu to {SOURCE_VERL_OMNI_BATCHING}: "
+                                "the least one forward takes on one GPU however few rows it holds (assumption: "
+                                "the same on every GPU of sim.gpus)"),
+    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent",
+                             f"fitted (sim.batching.fit_shape) to {SOURCE_SGLANG}: time per step at batch 1-16 "
+                             "(512^2) and 1-3 (1024^2)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
-                          f"calibrated with rollout_mfu on the same run ({VERL_OMNI} docs/algo/performance.md) "
-                          "at the assumed 0.75 x rollout_mfu: the run publishes no split between generation "
-                          "and training"),
+                          f"calibrated: {SOURCE_VERL_OMNI_PERF}; with the fitted rollout curve (serial "
+                          "generation, as that run's engine) the simulator's vanilla of that run "
+                          "(benchmarks.sim_reference) takes the published 420 s. An effective figure: old-log-prob "
+                          "recompute, forward, backward and the parameter and optimizer offload between phases"),
     "sp_overhead_per_rank": Constant(0.04, "fraction per extra rank",
                                      "assumption: Ulysses all-to-all cost inside one NVLink node"),
     "sp_cross_node_factor": Constant(4.0, "x", "assumption: all-to-all over the network instead of NVLink"),
@@ -120,6 +133,10 @@ CONSTANTS: dict[str, Constant] = {
     "preferred_sp_1280": Constant(4, "degree", "assumption: the paper runs 1280^2 with SP; 4 GPUs per "
                                                "image (elastic.group_plan.degree_for_resolution's 4,096-"
                                                "token rule would give 2)"),
+    "max_batch_512": Constant(16, "images per forward", "configs/qwen_image_*_512.yaml sampling.max_batch (the "
+                                                        "memory plan fits it in 80 GB; the curve is flat past it)"),
+    "max_batch_1280": Constant(4, "images per forward", "configs/qwen_image_geneval_1280.yaml sampling.max_batch "
+                                                        "(the memory plan fits it in 80 GB at SP 4)"),
     # --- rewards ---
     "reward_s_ocr": Constant(0.05, "s per image", "assumption: PaddleOCR on a GPU reward server (our CPU "
                                                   "rapidocr measured 0.23-0.32 s per 512^2 image, ENV.md)"),
@@ -166,7 +183,8 @@ RESOLUTIONS = (512, 1280)
 _INT_KEYS = frozenset({"num_layers", "hidden_dim", "num_heads", "pixels_per_token", "text_tokens",
                        "bytes_per_param", "sampling_steps", "cfg_forwards", "group_size",
                        "prompts_per_iteration", "trained_steps", "explore_steps",
-                       "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280",
+                       "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280", "max_batch_512",
+                       "max_batch_1280",
                        "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
 
 
@@ -306,23 +324,38 @@ class CostModel:
     def preferred_sp(self, resolution: int) -> int:
         return int(self.preferred_sp_1280 if resolution >= 1024 else self.preferred_sp_512)
 
+    def max_batch(self, resolution: int) -> int:
+        """Images a worker denoises together in the recipes at ``resolution``."""
+        return int(self.max_batch_1280 if resolution >= 1024 else self.max_batch_512)
+
     # ---- compute phases ----------------------------------------------------------------------
     def sp_efficiency(self, degree: int, cross_node: bool = False) -> float:
         overhead = self.sp_overhead_per_rank * (self.sp_cross_node_factor if cross_node else 1.0)
         return 1.0 / (1.0 + overhead * (degree - 1))
 
-    def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False) -> float:
-        """Wall time of one denoising step of one image on an SP group of ``degree`` GPUs."""
-        assert degree >= 1, degree
-        flops = self.cfg_forwards * self.forward_flops(resolution)
-        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu * degree * self.sp_efficiency(degree, cross_node)
-        return flops / rate
+    def forward_s(self, resolution: int, rows: int = 1, degree: int = 1, cross_node: bool = False) -> float:
+        """One transformer forward of ``rows`` rows on an SP group of ``degree`` GPUs (``sim.batching``)."""
+        assert degree >= 1 and rows >= 1, (degree, rows)
+        flops = rows * self.forward_flops(resolution) / (degree * self.sp_efficiency(degree, cross_node))
+        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu
+        return float(forward_s(flops, self.rollout_floor_s, rate, self.batch_knee_p))
+
+    def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False, batch: int = 1,
+               serial: bool = False) -> float:
+        """Wall time of one denoising step of ``batch`` images, every CFG branch, on an SP group of
+        ``degree`` GPUs: one forward of ``batch x cfg_forwards`` rows, or with ``serial`` (one
+        image, the CFG branches one after the other) ``cfg_forwards`` forwards of one row."""
+        assert not (serial and batch != 1), "a serial step is one image"
+        if serial:
+            return self.cfg_forwards * self.forward_s(resolution, 1, degree, cross_node)
+        return self.forward_s(resolution, batch * int(self.cfg_forwards), degree, cross_node)
 
     def rollout_s(self, resolution: int, degree: int = 1, steps: int | None = None,
-                  cross_node: bool = False) -> float:
-        """Wall time of one whole rollout (``steps`` denoising steps, default the sampling steps)."""
+                  cross_node: bool = False, batch: int = 1, serial: bool = False) -> float:
+        """Wall time of one whole rollout (``steps`` denoising steps, default the sampling steps) of
+        ``batch`` images denoised together (``serial``: one image alone, see ``step_s``)."""
         steps = self.sampling_steps if steps is None else steps
-        return steps * self.step_s(resolution, degree, cross_node)
+        return steps * self.step_s(resolution, degree, cross_node, batch, serial)
 
     def train_image_step_flops(self, resolution: int) -> float:
         """FLOPs of training one image at one trained step (forward + backward of both CFG branches)."""
@@ -422,17 +455,17 @@ CALIBRATION_SCHEMA = "roll_spotlight.gpu_check/1"
 
 def load_calibration(path: str | Path, resolution: int | None = None, *, allow_tiny: bool = False,
                      base: CostModel | None = None) -> dict[str, float]:
-    """The constants a gpu_check JSON replaces: ``{"rollout_mfu": ..., "train_mfu": ...}``.
+    """The constants a gpu_check JSON replaces: ``{"rollout_mfu", "rollout_floor_s", "train_mfu"}``.
 
-    The measured times are turned back into the MFU the cost model's FLOP formula needs to reproduce
-    them (with the measurement's own text-token count; ``base``'s other constants, default
-    ``CostModel()``): a guided step is ``cfg_forwards`` forwards, so
-    ``rollout_mfu = cfg_forwards * forward_flops / (peak * guided_step_s)``; a training micro-step is
-    the cond + negative forward and backward of one image, so
-    ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops / (peak * micro_step_s)``
-    (one GPU: no FSDP communication, no optimizer step). With two or more resolutions measured and
-    none asked for, the one closest to ``resolution`` is used (the largest if None). A ``--tiny``
-    file is refused unless ``allow_tiny`` (its times are not the 20B model's).
+    The measured times are turned back into the constants the cost model needs to reproduce them
+    (with the measurement's own text-token count; ``base``'s other constants, default
+    ``CostModel()``): the guided step is serial (``cfg_forwards`` forwards of one row), so the
+    rollout curve is stretched in time by ``measured / base.step_s(serial=True)`` (floor times it,
+    MFU over it; the knee is kept); a training micro-step is the cond + negative forward and
+    backward of one image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
+    (peak * micro_step_s)`` (one GPU: no FSDP communication, no optimizer step). With two or more
+    resolutions measured and none asked for, the one closest to ``resolution`` is used (the largest
+    if None). A ``--tiny`` file is refused unless ``allow_tiny`` (its times are not the 20B model's).
     """
     return _calibration(base or CostModel(), path, resolution, allow_tiny)[0]
 
@@ -467,10 +500,11 @@ def _calibration(base: CostModel, path: str | Path, resolution: int | None,
     shaped = base.with_overrides({"text_tokens": text_tokens})
     peak = shaped.gpu_peak_tflops * 1e12
     flops = shaped.forward_flops(res)
-    values = {"rollout_mfu": shaped.cfg_forwards * flops / (peak * step_s),
+    stretch = step_s / shaped.step_s(res, serial=True)
+    values = {"rollout_mfu": shaped.rollout_mfu / stretch, "rollout_floor_s": shaped.rollout_floor_s * stretch,
               "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
     if not tiny:
-        high = {k: v for k, v in values.items() if v > 1.0}
+        high = {k: v for k, v in values.items() if k.endswith("_mfu") and v > 1.0}
         if high:
             raise ValueError(f"--calibration {path}: the measured times imply {high} > 1 of "
                              f"gpu_peak_tflops={shaped.gpu_peak_tflops}: not the cost model's transformer")
