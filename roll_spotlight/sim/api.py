@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from roll_spotlight.sim.baselines import BASELINES, get_baseline
+from roll_spotlight.sim.baselines import BASELINES, MANAGED_JOBS, SYSTEMS, ManagedJobSpec, get_baseline
 from roll_spotlight.sim.shape_budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
                                        fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.gpus import gpu_spec
+from roll_spotlight.sim.managed_job import simulate_managed_job
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
 
@@ -52,6 +53,9 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
     ``budget.exploration_budget`` for this shape.
 
+    A name of ``baselines`` in ``baselines.MANAGED_JOBS`` (``managed_spot``) is vanilla's whole job on
+    ``ondemand`` spot GPUs of the same trace, checkpointed and restarted (``sim.managed_job``).
+
     ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``; default the recipes'
     batch at the resolution; ``serial_rollout`` the batch-1 mode of the engine before batching).
 
@@ -62,15 +66,22 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution}")
     cost = _cost_model(cost_model)
-    specs = [get_baseline(name) for name in baselines]
+    for name in baselines:
+        if name not in MANAGED_JOBS:
+            get_baseline(name)
+    given_feed = feed
     if feed is None:
         feed = _feed(trace, spot, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
     config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
                        gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
                        record_timeline=timeline, max_batch=max_batch, serial_rollout=serial_rollout)
     batch = config.batch_of(cost)
-    results = {spec.name: ClusterSimulation(spec, config, cost, feed).simulate() for spec in specs}
-    baselines = {name: _result_dict(r, timeline) for name, r in results.items()}
+    results = {name: _result_dict(ClusterSimulation(get_baseline(name), config, cost, feed).simulate(), timeline)
+               for name in baselines if name not in MANAGED_JOBS}
+    for name in (n for n in baselines if n in MANAGED_JOBS):
+        job_feed = given_feed or _feed(trace, ondemand, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
+        results[name] = _managed_job(MANAGED_JOBS[name], job_feed, config, cost, results.get("vanilla"))
+    baselines = {name: results[name] for name in baselines}
     fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
     return {
         "kind": "simulated",
@@ -93,11 +104,22 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     }
 
 
+def _managed_job(spec: ManagedJobSpec, feed: SpotFeed, config: SimConfig, cost: CostModel,
+                 vanilla: dict | None) -> dict:
+    """The managed spot job on ``config.ondemand`` spot GPUs, iterations as long as vanilla's there."""
+    if vanilla is None:
+        vanilla = _result_dict(ClusterSimulation(get_baseline("vanilla"), dataclasses.replace(config, spot=0), cost,
+                                                 feed).simulate(), False)
+    return simulate_managed_job(spec, feed, cost, gpus=config.ondemand, gpus_per_node=config.gpus_per_spot_node,
+                                iteration_s=vanilla["time_per_iteration_s"], iterations=config.iterations,
+                                max_sim_s=config.max_sim_s)
+
+
 def _fair_cost_vanilla(baselines: dict, config: SimConfig, cost: CostModel, feed: SpotFeed,
                        timeline: bool) -> dict:
     """For each spot baseline, vanilla on N_fair on-demand GPUs (one simulation per distinct N),
     added to ``baselines`` under ``fair_cost_baseline(name)``."""
-    spot_names = [name for name in baselines if get_baseline(name).uses_spot]
+    spot_names = [name for name in baselines if name in BASELINES and get_baseline(name).uses_spot]
     if not spot_names:
         raise ValueError(f"simulate(fair_cost=True) needs a spot baseline among the baselines (its dollars set "
                          f"N_fair); spot baselines: {sorted(n for n, b in BASELINES.items() if b.uses_spot)}")
@@ -248,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zone", action="append", default=None, help="keep only this zone (repeatable)")
     parser.add_argument("--start-s", type=float, default=0.0, help="trace seconds after the ramp to start at")
     parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
-                        help=f"comma-separated subset of {sorted(BASELINES)}")
+                        help=f"comma-separated subset of {sorted(SYSTEMS)}")
     parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")

@@ -1,0 +1,128 @@
+"""The baseline users pick for cost: the whole job on spot GPUs, checkpointed, restarted after each preemption.
+
+SkyPilot's managed jobs run an unmodified training job on spot instances and recover it: the job
+(here vanilla Flow-GRPO on ``gpus`` GPUs, iterations of the simulated vanilla's length) writes a
+checkpoint every ``checkpoint_every`` iterations, in the background (``checkpoint_save_s`` after
+the iteration ends it is durable). A reclaimed node kills the job, since its collectives span every
+GPU; the notice is not used. The cluster is torn down (billing stops), the job waits until the
+trace holds ``gpus`` spot GPUs again, relaunches on them (``restart_s``: boot, process start, NCCL,
+base weights and the checkpoint from storage) and redoes the iterations since its last durable
+checkpoint. Billing runs from a launch to the teardown, at each node's zone price. Without a
+preemption it is vanilla on ``gpus`` GPUs at the spot price, exactly.
+
+Pure: no event loop; one pass over the spot feed.
+"""
+from __future__ import annotations
+
+import math
+
+from roll_spotlight.sim.baselines import ManagedJobSpec
+from roll_spotlight.sim.costmodel import CostModel
+from roll_spotlight.sim.spotfeed import SpotFeed
+from roll_spotlight.spot.ledger import CostLedger
+from roll_spotlight.spot.market import EventKind
+
+ADAM_STATES_PER_PARAM = 2   # m and v, each the adapters' size
+
+
+def checkpoint_bytes(cost: CostModel) -> float:
+    """The trainable state a restart needs: the adapters and AdamW's two moments of them."""
+    return cost.adapter_bytes() * (1 + ADAM_STATES_PER_PARAM)
+
+
+def restart_s(cost: CostModel) -> float:
+    """A relaunch: node boot, process start, NCCL, base weights and the checkpoint from storage."""
+    return cost.cold_join_s() + cost.storage_s(checkpoint_bytes(cost))
+
+
+class _Capacity:
+    """The trace's spot nodes up at the current time, replayed forward in event order."""
+
+    def __init__(self, feed: SpotFeed) -> None:
+        self.events = [e for e in feed.events if e.kind is not EventKind.NOTICE]
+        self.cursor = 0
+        self.up: dict[str, str] = {}              # node -> zone, in the order they came up
+        self.down_at = {e.node_id: e.time_s for e in self.events if e.kind is EventKind.NODE_DOWN}
+
+    def advance(self, until: float) -> None:
+        while self.cursor < len(self.events) and self.events[self.cursor].time_s <= until:
+            event = self.events[self.cursor]
+            if event.kind is EventKind.NODE_UP:
+                self.up[event.node_id] = event.zone
+            else:
+                self.up.pop(event.node_id, None)
+            self.cursor += 1
+
+    def first_time_with(self, nodes: int, after: float) -> float | None:
+        """The earliest time >= ``after`` at which ``nodes`` nodes are up (None: never in the feed)."""
+        self.advance(after)
+        while len(self.up) < nodes:
+            if self.cursor >= len(self.events):
+                return None
+            self.advance(self.events[self.cursor].time_s)
+        return max(after, self.events[self.cursor - 1].time_s if self.cursor else after)
+
+
+def simulate_managed_job(spec: ManagedJobSpec, feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per_node: int,
+                         iteration_s: float, iterations: int, max_sim_s: float = 90 * 24 * 3600.0) -> dict:
+    """The managed job for ``iterations`` iterations of ``iteration_s`` on ``gpus`` spot GPUs of the
+    feed (SIMULATED); the dict has the keys of a simulated baseline (``system.BaselineResult``)
+    that apply, and ``restarts``, ``redone_iterations``, ``waiting_s``, ``restarting_s``."""
+    if gpus < 1 or gpus % gpus_per_node:
+        raise ValueError(f"managed job: gpus={gpus} must be a positive multiple of gpus_per_node={gpus_per_node}")
+    need = gpus // gpus_per_node
+    capacity, ledger = _Capacity(feed), CostLedger(feed.prices)
+    saved, now, preemptions, lost_s, redone, waiting, restarting = 0, 0.0, 0, 0.0, 0, 0.0, 0.0
+    save_s, relaunch_s = cost.storage_s(checkpoint_bytes(cost)), restart_s(cost)
+    while True:
+        granted = capacity.first_time_with(need, now)
+        if granted is None or granted > max_sim_s:
+            raise RuntimeError(f"{spec.name}: {saved} of {iterations} iterations done when the feed ran out of "
+                               f"{gpus} spot GPUs (t={now:.0f} s)")
+        waiting += granted - now
+        held = list(capacity.up.items())[:need]
+        for node, zone in held:
+            ledger.start(node, f"spot/{zone}", granted, gpus=gpus_per_node)
+        start = granted + (relaunch_s if granted > 0 else 0.0)   # nodes up at 0: started, like vanilla
+        down = min(capacity.down_at.get(node, math.inf) for node, _ in held)
+        finish = start + (iterations - saved) * iteration_s
+        restarting += min(start, down) - granted
+        if finish <= down:
+            now = finish
+            for node, _ in held:
+                ledger.stop(node, now)
+            break
+        now = max(down, granted)
+        done = max(0, math.floor((now - start) / iteration_s + 1e-9)) if now > start else 0
+        durable = [k for k in range(1, done + 1)
+                   if (saved + k) % spec.checkpoint_every == 0 and start + k * iteration_s + save_s <= now]
+        kept = durable[-1] if durable else 0
+        lost_s += max(0.0, now - max(start, start + kept * iteration_s)) * gpus
+        redone += done - kept
+        saved += kept
+        preemptions += 1
+        for node, _ in held:
+            ledger.stop(node, now)
+        capacity.advance(now)
+    return _result(spec, ledger, now, gpus, iterations, iteration_s, preemptions, lost_s, redone, waiting,
+                   restarting, relaunch_s, save_s)
+
+
+def _result(spec: ManagedJobSpec, ledger: CostLedger, end: float, gpus: int, iterations: int, iteration_s: float,
+            preemptions: int, lost_s: float, redone: int, waiting: float, restarting: float, relaunch_s: float,
+            save_s: float) -> dict:
+    report = ledger.report(now=end)
+    spot_usd = sum(p.usd for p in report.pools)
+    billed_s = sum(p.gpu_hours for p in report.pools) * 3600.0
+    useful_s = iterations * iteration_s * gpus
+    return {"kind": "simulated", "name": spec.name, "system": "managed_job", "ondemand_gpus": 0, "spot_gpus": gpus,
+            "checkpoint_every": spec.checkpoint_every, "iterations": iterations, "iteration_s": iteration_s,
+            "time_per_iteration_s": end / iterations, "sim_end_s": end,
+            "cost_per_iteration_usd": spot_usd / iterations, "ondemand_usd": 0.0, "spot_usd": spot_usd,
+            "ondemand_gpu_hours": 0.0, "spot_gpu_hours": billed_s / 3600.0,
+            "ondemand_idle_fraction": 0.0, "spot_idle_fraction": 1.0 - useful_s / billed_s if billed_s else 0.0,
+            "spot_lost_work_fraction": lost_s / billed_s if billed_s else None,
+            "preemptions": preemptions, "notices": 0, "regroups": 0, "cold_restarts": preemptions, "commits": 0,
+            "lost_gpu_s": lost_s, "restarts": preemptions, "redone_iterations": redone, "waiting_s": waiting,
+            "restarting_s": restarting, "restart_s": relaunch_s, "checkpoint_save_s": save_s,
+            "explored_seeds_per_iteration": 0.0, "mean_train_phase_s": 0.0, "train": None}
