@@ -130,6 +130,32 @@ def test_calibration_reproduces_the_measured_step_times(tmp_path):
     assert load_calibration(path, 1024) == load_calibration(path, 1280) == load_calibration(path)
 
 
+def test_a_batch_sweep_gives_the_floor_and_the_saturated_mfu(tmp_path):
+    import json
+
+    from roll_spotlight.sim.batching import forward_s
+
+    truth = {"rollout_floor_s": 0.05, "rollout_mfu": 0.5}
+    model = CostModel().with_overrides(truth)
+    flops, rate = model.forward_flops(512), 989e12 * 0.5
+    path = _gpu_check_json(tmp_path, {512: (model.step_s(512, serial=True), 1.4)})
+    data = json.loads(path.read_text())
+    data["resolutions"]["512"]["batch_sweep"] = {
+        str(b): {"median_s": float(forward_s(2 * b * flops, 0.05, rate, model.batch_knee_p)), "oom": False}
+        for b in (1, 2, 4, 8)} | {"16": {"oom": True}}
+    path.write_text(json.dumps(data))
+    cost = CostModel().with_calibration(path, 512)
+    assert cost.rollout_floor_s == pytest.approx(0.05, rel=1e-6) and cost.rollout_mfu == pytest.approx(0.5, rel=1e-6)
+    assert cost.step_s(512, batch=8) == pytest.approx(model.step_s(512, batch=8), rel=1e-6)
+    assert "batch sweep" in cost.sources["rollout_mfu"] and "no batch sweep" not in cost.sources["rollout_mfu"]
+    # a sweep that admits no floor (its batch faster per row than one row's floor allows) is not used
+    data["resolutions"]["512"]["batch_sweep"] = {"8": {"median_s": 1e-4, "oom": False}}
+    path.write_text(json.dumps(data))
+    stretched = CostModel().with_calibration(path, 512)
+    assert stretched.step_s(512, serial=True) == pytest.approx(model.step_s(512, serial=True))
+    assert "no batch sweep" in stretched.sources["rollout_mfu"]
+
+
 def test_calibration_uses_the_measurement_s_text_tokens(tmp_path):
     from roll_spotlight.sim.costmodel import load_calibration
 

@@ -124,13 +124,16 @@ def fit_shape(row_flops: dict[int, float], points: tuple[StepPoint, ...] = SGLAN
 
 
 def fit_stack(run: GenerationRun, row_flops: float, p: float) -> Curve:
-    """The floor and rate with which knee ``p`` gives ``run``'s serial and batched times exactly:
-    t1^p = floor^p + w^p and tB^p = floor^p + (B w)^p, w = row_flops / rate."""
-    t1, tb, b = run.serial_forward_s(), run.batched_forward_s(), run.batch
-    w = ((tb ** p - t1 ** p) / (b ** p - 1.0)) ** (1.0 / p) if tb > t1 else 0.0
+    """The floor and rate with which knee ``p`` gives ``run``'s serial and batched times exactly."""
+    return fit_floor_rate(run.serial_forward_s(), run.batched_forward_s(), run.batch, row_flops, p, run.source)
+
+
+def fit_floor_rate(t1: float, tb: float, rows: int, row_flops: float, p: float, what: str = "measurement") -> Curve:
+    """The curve through a forward of one row in ``t1`` s and of ``rows`` rows in ``tb`` s, knee ``p``:
+    t1^p = floor^p + w^p and tb^p = floor^p + (rows w)^p, w = row_flops / rate."""
+    w = ((tb ** p - t1 ** p) / (rows ** p - 1.0)) ** (1.0 / p) if tb > t1 and rows > 1 else 0.0
     if not (w > 0 and t1 > w):
-        raise ValueError(f"{run.source}: serial {t1:.4f} s and batched {tb:.4f} s per forward admit no floor "
-                         f"with p={p:.2f}")
+        raise ValueError(f"{what}: {t1:.4f} s for one row and {tb:.4f} s for {rows} admit no floor with p={p:.2f}")
     return Curve((t1 ** p - w ** p) ** (1.0 / p), row_flops / w, p)
 
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from roll_spotlight.sim.batching import SOURCE_SGLANG, SOURCE_VERL_OMNI_BATCHING, forward_s
+from roll_spotlight.sim.batching import SOURCE_SGLANG, SOURCE_VERL_OMNI_BATCHING, fit_floor_rate, forward_s
 from roll_spotlight.sim.gpus import GPUS, gpu_spec
 
 SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
@@ -460,9 +460,11 @@ def load_calibration(path: str | Path, resolution: int | None = None, *, allow_t
 
     The measured times are turned back into the constants the cost model needs to reproduce them
     (with the measurement's own text-token count; ``base``'s other constants, default
-    ``CostModel()``): the guided step is serial (``cfg_forwards`` forwards of one row), so the
-    rollout curve is stretched in time by ``measured / base.step_s(serial=True)`` (floor times it,
-    MFU over it; the knee is kept); a training micro-step is the cond + negative forward and
+    ``CostModel()``): the guided step is serial (``cfg_forwards`` forwards of one row); with a batch
+    sweep (one forward of ``2B`` rows for B images) the rollout floor and MFU are the curve through
+    the serial forward and the largest batch that ran (``batching.fit_floor_rate``, the knee kept);
+    without one (or when the two admit no floor), the curve is stretched in time by ``measured /
+    base.step_s(serial=True)`` (floor times it, MFU over it); a training micro-step is the cond + negative forward and
     backward of one image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
     (peak * micro_step_s)`` (one GPU: no FSDP communication, no optimizer step). With two or more
     resolutions measured and none asked for, the one closest to ``resolution`` is used (the largest
@@ -501,15 +503,35 @@ def _calibration(base: CostModel, path: str | Path, resolution: int | None,
     shaped = base.with_overrides({"text_tokens": text_tokens})
     peak = shaped.gpu_peak_tflops * 1e12
     flops = shaped.forward_flops(res)
-    stretch = step_s / shaped.step_s(res, serial=True)
-    values = {"rollout_mfu": shaped.rollout_mfu / stretch, "rollout_floor_s": shaped.rollout_floor_s * stretch,
+    values = {**_rollout_curve(shaped, res, step_s, entry.get("batch_sweep") or {}),
               "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
     if not tiny:
         high = {k: v for k, v in values.items() if k.endswith("_mfu") and v > 1.0}
         if high:
             raise ValueError(f"--calibration {path}: the measured times imply {high} > 1 of "
                              f"gpu_peak_tflops={shaped.gpu_peak_tflops}: not the cost model's transformer")
+    sweep = "batch sweep" if "sweep" in values.pop("rollout_from") else "no batch sweep"
     device = data.get("device", {}).get("name", "unknown device")
-    note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s"
-            f"{'; tiny model' if tiny else ''})")
+    note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s, "
+            f"{sweep}{'; tiny model' if tiny else ''})")
     return values, note
+
+
+def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float, sweep: Mapping[str, Any]) -> dict:
+    """``rollout_mfu`` and ``rollout_floor_s`` from a measured serial guided step and, when it holds
+    a batch that ran, gpu_check's batch sweep (see :func:`load_calibration`)."""
+    cfg = int(model.cfg_forwards)
+    ran = {int(b): float(m["median_s"]) for b, m in sweep.items()
+           if isinstance(m, Mapping) and not m.get("oom") and m.get("median_s") and int(b) > 1}
+    peak = model.gpu_peak_tflops * 1e12
+    if ran:
+        batch = max(ran)
+        try:
+            curve = fit_floor_rate(serial_step_s / cfg, ran[batch], batch * cfg, model.forward_flops(resolution),
+                                   model.batch_knee_p)
+            return {"rollout_mfu": curve.rate / peak, "rollout_floor_s": curve.floor_s, "rollout_from": "sweep"}
+        except ValueError:
+            pass   # timings that admit no floor (noise on a tiny model): keep the fitted shape, stretched
+    stretch = serial_step_s / model.step_s(resolution, serial=True)
+    return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch,
+            "rollout_from": "stretch"}
