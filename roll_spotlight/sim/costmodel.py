@@ -31,13 +31,15 @@ published time per step against batch, the floor and ``rollout_mfu`` to verl-omn
 generation times serial and batched (same recipe as the calibration run). ``train_mfu`` is then
 calibrated (``benchmarks.sim_reference``): the simulator's vanilla of verl-omni's published Qwen-Image LoRA
 run (4 x H800, 420 s per step, its rollouts serial) takes that step time. ``with_gpu(name)`` swaps
-the datasheet figures of another GPU (``sim.gpus``) and keeps the MFUs and the floor. Numbers derived from this model are *simulated* and reports must say so. Exploration's
-effect on convergence is not modelled at all (see ``run.time_to_target``).
+the datasheet figures of another GPU (``sim.gpus``) and keeps the MFUs and the floor. Numbers
+derived from this model are *simulated* and reports must say so. Exploration's effect on
+convergence is not modelled at all (see ``run.time_to_target``).
 
 GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the published
-``rollout_mfu`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py`` JSON implies (its
-guided step and training micro-step at that resolution, see :func:`load_calibration`); the model's
-``calibration`` field says which was used: ``PUBLISHED_CALIBRATION`` or the file.
+``rollout_mfu``, ``rollout_floor_s`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py``
+JSON implies (its guided step, batch sweep and training micro-step at that resolution, see
+:func:`load_calibration`); the model's ``calibration`` field says which was used:
+``PUBLISHED_CALIBRATION`` or the file.
 """
 from __future__ import annotations
 
@@ -289,7 +291,7 @@ class CostModel:
 
     def with_calibration(self, path: str | Path, resolution: int | None = None, *,
                          allow_tiny: bool = False) -> CostModel:
-        """A copy whose ``rollout_mfu`` and ``train_mfu`` come from a gpu_check JSON (see
+        """A copy whose rollout curve and ``train_mfu`` come from a gpu_check JSON (see
         :func:`load_calibration`), with ``calibration`` naming the file."""
         measured, note = _calibration(self, path, resolution, allow_tiny)
         model = self.with_overrides(measured, source=f"measured: {note}")
