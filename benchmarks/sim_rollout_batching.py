@@ -77,18 +77,19 @@ def shapes(cost: CostModel, trace: Path | None) -> list[dict]:
         for mode, kwargs in MODES.items():
             sim = simulate(trace, resolution=res, ondemand=ondemand, spot=spot, iterations=ITERATIONS[res],
                            baselines=SYSTEMS, cost_model=cost, **kwargs)
-            vanilla = sim["baselines"]["vanilla"]
             out.append({"kind": "simulated", "shape": name, "resolution": res, "mode": mode,
                         "max_batch": sim["rollout"]["max_batch"], "trace": sim["trace"]["name"],
                         "iterations": ITERATIONS[res],
-                        "systems": {s: {**{k: r[k] for k in REPORTED if k in r},
-                                        "speedup_vs_vanilla": vanilla["time_per_iteration_s"] / r["time_per_iteration_s"],
-                                        "cost_ratio_vs_vanilla": vanilla["cost_per_iteration_usd"]
-                                        / r["cost_per_iteration_usd"]}
-                                    for s, r in sim["baselines"].items()}})
+                        "systems": {s: _row(r, sim["baselines"]["vanilla"]) for s, r in sim["baselines"].items()}})
             print(f"{name} {res} {mode}: " + ", ".join(
                 f"{s} {r['time_per_iteration_s']:.1f} s" for s, r in sim["baselines"].items()), flush=True)
     return out
+
+
+def _row(r: dict, vanilla: dict) -> dict:
+    return {**{k: r[k] for k in REPORTED if k in r},
+            "speedup_vs_vanilla": vanilla["time_per_iteration_s"] / r["time_per_iteration_s"],
+            "cost_ratio_vs_vanilla": vanilla["cost_per_iteration_usd"] / r["cost_per_iteration_usd"]}
 
 
 def main(argv: list[str] | None = None) -> int:

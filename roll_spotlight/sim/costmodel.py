@@ -90,7 +90,8 @@ CONSTANTS: dict[str, Constant] = {
     # --- hardware ---
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
     "rollout_mfu": Constant(FITTED_ROLLOUT_MFU, "fraction of peak",
-                            f"fitted (sim.batching.fit_stack): a saturated forward's MFU in {SOURCE_VERL_OMNI_BATCHING}, "
+                            "fitted (sim.batching.fit_stack): a saturated forward's MFU in "
+                            f"{SOURCE_VERL_OMNI_BATCHING}, "
                             "on 4 x H800 (assumption: the calibration run's GPUs); vLLM-Omni with the LoRA "
                             "unmerged; applied to every GPU's peak (assumption: the same fraction)"),
     "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward",
