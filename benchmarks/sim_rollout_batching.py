@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", type=Path, default=None, help="JSON of cost-model overrides")
     parser.add_argument("--skip-shapes", action="store_true", help="leave out the spot shapes (the slow part)")
     args = parser.parse_args(argv)
-    cost = CostModel.from_dict(json.loads(args.cost.read_text()) if args.cost else None)
+    overrides = json.loads(args.cost.read_text()) if args.cost else None
+    cost = CostModel.from_dict(overrides)
     trace = traces_root(None) / HEADLINE_TRACE
-    result = {"kind": "simulated (published where marked)", "cost_overrides": str(args.cost) if args.cost else None,
+    result = {"kind": "simulated (published where marked)", "cost_overrides": overrides,
               "fit": fit_rows(cost),
               "calibration": {"rows": reference.both_rows(cost), "waterfall": reference.waterfall(cost)},
               "vanilla_rollout": vanilla_rollout(cost), "same_shape_as_verl_omni": same_shape(cost),
