@@ -24,8 +24,8 @@ rollout engine            serial (no batching yet)                serial (no bat
 
 Both rows predate verl-omni's rollout batching (step-wise 2026-06-15, request-level for Qwen-Image
 2026-07-24), so both run the simulator's serial mode. The rollout curve is fitted to that recipe's
-generation times (``sim.batching``: 226.4 s serial), the reward phase is 60 s in both (420 s - the
-360 s of the same LoRA run with its reward on a fifth GPU), and the terms a run adds around the
+generation times (``benchmarks.batching_fit``: 226.4 s serial), the reward phase is 60 s in both
+(420 s - the 360 s of the same LoRA run with its reward on a fifth GPU), and the terms a run adds around the
 update are computed from bytes (:func:`between_phases_s`): the actor's parameters loaded from host
 memory before the old-log-prob and the update phases and offloaded after each, the optimizer
 states loaded before the update and offloaded after, the new weights synced into the rollout

@@ -4,7 +4,7 @@
 
 One JSON (every figure simulated or published, labelled) for docs/measurements.md and the report:
 
-- ``fit``: every published batching ratio beside the fitted curve's (``sim.batching``);
+- ``fit``: every published batching ratio beside the fitted curve's (``benchmarks.batching_fit``);
 - ``calibration``: verl-omni's two published rows beside the simulator's vanilla of each, and the
   waterfall from one to the other (``benchmarks.sim_reference``);
 - ``vanilla_rollout``: vanilla on 8 on-demand H100 at 512 and 1280, the rollout phase batched (the
@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import batching_fit
 from benchmarks import sim_reference as reference
-from roll_spotlight.sim import batching
 from roll_spotlight.sim.api import simulate
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.spot.traces import traces_root
@@ -35,17 +35,6 @@ ITERATIONS = {512: 40, 1280: 12}
 MODES = {"batched": {}, "batch 1": {"serial_rollout": True}}
 REPORTED = ("time_per_iteration_s", "cost_per_iteration_usd", "preemptions", "lost_gpu_s", "spot_idle_fraction",
             "spot_gpus", "restarts", "redone_iterations", "waiting_s", "restarting_s")   # the last five: managed job
-
-
-def fit_rows(cost: CostModel) -> list[dict]:
-    sglang = cost.with_overrides({"text_tokens": batching.SGLANG_TEXT_TOKENS})
-    row_flops = {res: sglang.forward_flops(res) for res in (512, 1024)}
-    shape = batching.fit_shape(row_flops)
-    stack = batching.fit_stack(batching.VERL_OMNI_GEN, cost.forward_flops(512), shape.p)
-    return {"kind": "published vs fitted", "knee_p": shape.p,
-            "sglang_h200": {"floor_s": shape.floor_s, "mfu": shape.rate / 989e12},
-            "verl_omni_h800": {"floor_s": stack.floor_s, "mfu": stack.rate / 989e12},
-            "ratios": batching.reproduction(shape, stack, row_flops, cost.forward_flops(512))}
 
 
 def vanilla_rollout(cost: CostModel) -> dict:
@@ -102,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = CostModel.from_dict(overrides)
     trace = traces_root(None) / HEADLINE_TRACE
     result = {"kind": "simulated (published where marked)", "cost_overrides": overrides,
-              "fit": fit_rows(cost),
+              "fit": batching_fit.fit(cost),
               "calibration": {"rows": reference.both_rows(cost), "waterfall": reference.waterfall(cost)},
               "vanilla_rollout": vanilla_rollout(cost), "same_shape_as_verl_omni": same_shape(cost),
               "shapes": [] if args.skip_shapes else shapes(cost, trace if trace.is_file() else None)}

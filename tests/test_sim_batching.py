@@ -1,26 +1,21 @@
-"""Tier 1: the rollout time per forward against batch, fitted to published points, is the cost model's."""
+"""Tier 1: the rollout time per forward against batch, fitted to published points, is the cost model's
+(the fit: benchmarks.batching_fit)."""
 import math
 
 import pytest
 
-from roll_spotlight.sim import batching
-from roll_spotlight.sim.batching import (RATIO_TOLERANCE, SGLANG_TEXT_TOKENS, VERL_OMNI_GEN, Curve, fit_shape,
-                                         fit_stack, reproduction)
+from benchmarks import batching_fit as batching
+from benchmarks.batching_fit import RATIO_TOLERANCE, VERL_OMNI_GEN, Curve, fit, fit_stack
 from roll_spotlight.sim.costmodel import CONSTANTS, CostModel
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    cost = CostModel()
-    sglang = cost.with_overrides({"text_tokens": SGLANG_TEXT_TOKENS})
-    row_flops = {res: sglang.forward_flops(res) for res in (512, 1024)}
-    shape = fit_shape(row_flops)
-    stack = fit_stack(VERL_OMNI_GEN, cost.forward_flops(512), shape.p)
-    return shape, stack, reproduction(shape, stack, row_flops, cost.forward_flops(512))
+    return fit(CostModel())
 
 
 def test_the_fitted_curve_reproduces_every_published_ratio(fitted):
-    rows = fitted[2]
+    rows = fitted["ratios"]
     assert len(rows) == 8 and RATIO_TOLERANCE == 0.10
     for row in rows:
         assert abs(row["error"]) <= RATIO_TOLERANCE, row
@@ -34,10 +29,10 @@ def test_the_fitted_curve_reproduces_every_published_ratio(fitted):
 
 
 def test_the_cost_model_carries_the_fit(fitted):
-    shape, stack, _ = fitted
-    assert CONSTANTS["batch_knee_p"].value == pytest.approx(shape.p, rel=1e-3)
-    assert CONSTANTS["rollout_floor_s"].value == pytest.approx(stack.floor_s, rel=1e-3)
-    assert CONSTANTS["rollout_mfu"].value == pytest.approx(stack.rate / (989e12), rel=1e-3)
+    stack = fitted["verl_omni_h800"]
+    assert CONSTANTS["batch_knee_p"].value == pytest.approx(fitted["knee_p"], rel=1e-3)
+    assert CONSTANTS["rollout_floor_s"].value == pytest.approx(stack["floor_s"], rel=1e-3)
+    assert CONSTANTS["rollout_mfu"].value == pytest.approx(stack["mfu"], rel=1e-3)
     for name in ("batch_knee_p", "rollout_floor_s", "rollout_mfu"):
         assert CONSTANTS[name].source.startswith("fitted"), name
     # the serial cost model generates the verl-omni recipe's images in the published serial time

@@ -133,7 +133,7 @@ def test_calibration_reproduces_the_measured_step_times(tmp_path):
 def test_a_batch_sweep_gives_the_floor_and_the_saturated_mfu(tmp_path):
     import json
 
-    from roll_spotlight.sim.batching import forward_s
+    from roll_spotlight.sim.costmodel import forward_time_s
 
     truth = {"rollout_floor_s": 0.05, "rollout_mfu": 0.5}
     model = CostModel().with_overrides(truth)
@@ -141,7 +141,7 @@ def test_a_batch_sweep_gives_the_floor_and_the_saturated_mfu(tmp_path):
     path = _gpu_check_json(tmp_path, {512: (model.step_s(512, serial=True), 1.4)})
     data = json.loads(path.read_text())
     data["resolutions"]["512"]["batch_sweep"] = {
-        str(b): {"median_s": float(forward_s(2 * b * flops, 0.05, rate, model.batch_knee_p)), "oom": False}
+        str(b): {"median_s": float(forward_time_s(2 * b * flops, 0.05, rate, model.batch_knee_p)), "oom": False}
         for b in (1, 2, 4, 8)} | {"16": {"oom": True}}
     path.write_text(json.dumps(data))
     cost = CostModel().with_calibration(path, 512)

@@ -13,7 +13,7 @@ calibratable with measured regroup times) and derives phase times from them:
   and the modulation linears (the other third of the 20B) run once per image; joint attention adds
   ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image (its
   docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of ``2*params*tokens``.
-  Its seconds are ``sim.batching``'s curve: ``(rollout_floor_s^p + (flops / rate)^p)^(1/p)``, rate
+  Its seconds are :func:`forward_time_s`: ``(rollout_floor_s^p + (flops / rate)^p)^(1/p)``, rate
   ``peak * rollout_mfu`` (the MFU of a saturated forward), on an SP group of degree d each GPU
   doing ``1/d`` of the FLOPs at efficiency ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all
   grows with d) and paying the floor itself;
@@ -26,10 +26,10 @@ calibratable with measured regroup times) and derives phase times from them:
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-The rollout constants are fitted (``sim.batching``): the knee ``batch_knee_p`` to SGLang's
-published time per step against batch, the floor and ``rollout_mfu`` to verl-omni's published
-generation times serial and batched (same recipe as the calibration run). ``train_mfu`` is then
-calibrated (``benchmarks.sim_reference``): the simulator's vanilla of verl-omni's published Qwen-Image LoRA
+The rollout constants are fitted (``benchmarks.batching_fit``): the knee ``batch_knee_p`` to
+SGLang's published time per step against batch, the floor and ``rollout_mfu`` to verl-omni's
+published generation times serial and batched. ``train_mfu`` is then calibrated
+(``benchmarks.sim_reference``): the simulator's vanilla of verl-omni's published Qwen-Image LoRA
 run (4 x H800, 420 s per step, its rollouts serial) takes that step time. ``with_gpu(name)`` swaps
 the datasheet figures of another GPU (``sim.gpus``) and keeps the MFUs and the floor. Numbers
 derived from this model are *simulated* and reports must say so. Exploration's effect on
@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from roll_spotlight.sim.batching import SOURCE_SGLANG, SOURCE_VERL_OMNI_BATCHING, fit_floor_rate, forward_s
 from roll_spotlight.sim.gpus import GPUS, gpu_spec
 
 SOURCE_FLOW_GRPO = "Flow-GRPO released config (yifan123/flow_grpo config/grpo.py, pickscore_qwenimage)"
@@ -58,7 +57,12 @@ SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransforme
 VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
 SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
                          "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
-# The rollout curve as sim.batching fits it, train_mfu as benchmarks.sim_reference.calibrate_train_mfu derives it
+SOURCE_SGLANG = ("sgl-project/sglang PR #22183 (comment 2026-04-10, 'Batch Size Benchmark: Image Generation "
+                 "Models on H200'): Qwen-Image-2512, 50 steps, guidance 4.0, torch.compile, no offload")
+SOURCE_VERL_OMNI_BATCHING = (f"{VERL_OMNI} docs/start/rollout_batching.md, 'Expected performance': Qwen-Image "
+                             "LoRA, 32x16, 512^2, serial (max_num_seqs=1) 226.4 s vs request-level "
+                             "(max_num_seqs=32) 107.9 s generation per step")
+# The rollout curve as benchmarks.batching_fit fits it, train_mfu as benchmarks.sim_reference derives it
 # (tests/test_sim_batching.py and tests/test_sim_reference.py pin them).
 FITTED_KNEE_P = 4.051
 FITTED_ROLLOUT_FLOOR_S = 0.08733
@@ -90,16 +94,16 @@ CONSTANTS: dict[str, Constant] = {
     # --- hardware ---
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
     "rollout_mfu": Constant(FITTED_ROLLOUT_MFU, "fraction of peak",
-                            "fitted (sim.batching.fit_stack): a saturated forward's MFU in "
+                            "fitted (benchmarks.batching_fit): a saturated forward's MFU in "
                             f"{SOURCE_VERL_OMNI_BATCHING}, "
                             "on 4 x H800 (assumption: the calibration run's GPUs); vLLM-Omni with the LoRA "
                             "unmerged; applied to every GPU's peak (assumption: the same fraction)"),
     "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward",
-                                f"fitted (sim.batching.fit_stack) with rollout_mfu to {SOURCE_VERL_OMNI_BATCHING}: "
+                                f"fitted with rollout_mfu to {SOURCE_VERL_OMNI_BATCHING}: "
                                 "the least one forward takes on one GPU however few rows it holds (assumption: "
                                 "the same on every GPU of sim.gpus)"),
     "batch_knee_p": Constant(FITTED_KNEE_P, "exponent",
-                             f"fitted (sim.batching.fit_shape) to {SOURCE_SGLANG}: time per step at batch 1-16 "
+                             f"fitted (benchmarks.batching_fit) to {SOURCE_SGLANG}: time per step at batch 1-16 "
                              "(512^2) and 1-3 (1024^2)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
                           f"calibrated: {SOURCE_VERL_OMNI_PERF}; with the fitted rollout curve (serial "
@@ -338,11 +342,11 @@ class CostModel:
         return 1.0 / (1.0 + overhead * (degree - 1))
 
     def forward_s(self, resolution: int, rows: int = 1, degree: int = 1, cross_node: bool = False) -> float:
-        """One transformer forward of ``rows`` rows on an SP group of ``degree`` GPUs (``sim.batching``)."""
+        """One transformer forward of ``rows`` rows on an SP group of ``degree`` GPUs."""
         assert degree >= 1 and rows >= 1, (degree, rows)
         flops = rows * self.forward_flops(resolution) / (degree * self.sp_efficiency(degree, cross_node))
         rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu
-        return float(forward_s(flops, self.rollout_floor_s, rate, self.batch_knee_p))
+        return forward_time_s(flops, self.rollout_floor_s, rate, self.batch_knee_p)
 
     def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False, batch: int = 1,
                serial: bool = False) -> float:
@@ -465,7 +469,7 @@ def load_calibration(path: str | Path, resolution: int | None = None, *, allow_t
     (with the measurement's own text-token count; ``base``'s other constants, default
     ``CostModel()``): the guided step is serial (``cfg_forwards`` forwards of one row); with a batch
     sweep (one forward of ``2B`` rows for B images) the rollout floor and MFU are the curve through
-    the serial forward and the largest batch that ran (``batching.fit_floor_rate``, the knee kept);
+    the serial forward and the largest batch that ran (:func:`fit_floor_rate`, the knee kept);
     without one (or when the two admit no floor), the curve is stretched in time by ``measured /
     base.step_s(serial=True)`` (floor times it, MFU over it); a training micro-step is the cond + negative forward and
     backward of one image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
@@ -527,14 +531,27 @@ def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float, swee
     ran = {int(b): float(m["median_s"]) for b, m in sweep.items()
            if isinstance(m, Mapping) and not m.get("oom") and m.get("median_s") and int(b) > 1}
     peak = model.gpu_peak_tflops * 1e12
-    if ran:
-        batch = max(ran)
-        try:
-            curve = fit_floor_rate(serial_step_s / cfg, ran[batch], batch * cfg, model.forward_flops(resolution),
-                                   model.batch_knee_p)
-            return {"rollout_mfu": curve.rate / peak, "rollout_floor_s": curve.floor_s, "rollout_from": "sweep"}
-        except ValueError:
-            pass   # timings that admit no floor (noise on a tiny model): keep the fitted shape, stretched
+    batch = max(ran, default=1)
+    found = fit_floor_rate(serial_step_s / cfg, ran.get(batch, 0.0), batch * cfg, model.forward_flops(resolution),
+                           model.batch_knee_p)
+    if found is not None:
+        return {"rollout_mfu": found[1] / peak, "rollout_floor_s": found[0], "rollout_from": "sweep"}
+    # no sweep, or timings that admit no floor (noise on a tiny model): the fitted shape, stretched
     stretch = serial_step_s / model.step_s(resolution, serial=True)
     return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch,
             "rollout_from": "stretch"}
+
+
+def forward_time_s(flops, floor_s: float, rate: float, p: float):
+    """Seconds of a forward of ``flops`` (a float, or a numpy array in the fit) on one GPU:
+    the ``floor_s`` below the knee, ``flops / rate`` above it, ``p`` how sharp the knee is."""
+    return (floor_s ** p + (flops / rate) ** p) ** (1.0 / p)
+
+
+def fit_floor_rate(t1: float, tb: float, rows: int, row_flops: float, p: float) -> tuple[float, float] | None:
+    """``(floor_s, rate)`` of the curve of knee ``p`` through a forward of one row in ``t1`` s and of
+    ``rows`` rows in ``tb`` s (t^p = floor^p + (rows w)^p, w = row_flops / rate); None if none does."""
+    w = ((tb ** p - t1 ** p) / (rows ** p - 1.0)) ** (1.0 / p) if tb > t1 and rows > 1 else 0.0
+    if not (w > 0 and t1 > w):
+        return None
+    return (t1 ** p - w ** p) ** (1.0 / p), row_flops / w

@@ -1,6 +1,8 @@
-"""Seconds of one transformer forward against its rows and image tokens, fitted to published points.
+"""The rollout curve's constants, fitted to published points (PUBLISHED in, SIMULATED out).
 
-A forward on one GPU takes
+    python -m benchmarks.batching_fit   # the fit and every published ratio beside it, as JSON
+
+The cost model (``roll_spotlight.sim.costmodel.forward_time_s``) times a forward on one GPU as
 
     forward_s = (floor_s ** p + (flops / rate) ** p) ** (1 / p)
 
@@ -22,23 +24,20 @@ Published points (PUBLISHED, sources in :data:`SGLANG_H200` and :data:`VERL_OMNI
   (:func:`fit_stack`); the cost model uses them (the stack its calibration run used).
 
 The fit is pure numpy (a zooming grid search); ``tests/test_sim_batching.py`` checks that the cost
-model's constants are the fit's and that the curve reproduces every published ratio within
-:data:`RATIO_TOLERANCE`.
+model's constants (``batch_knee_p``, ``rollout_floor_s``, ``rollout_mfu``) are the fit's and that the
+curve reproduces every published ratio within :data:`RATIO_TOLERANCE`.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-SOURCE_SGLANG = ("sgl-project/sglang PR #22183 (comment 2026-04-10, 'Batch Size Benchmark: Image Generation "
-                 "Models on H200'): Qwen-Image-2512, 50 steps, guidance 4.0, torch.compile, no offload")
-SOURCE_VERL_OMNI_BATCHING = ("verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30 "
-                             "docs/start/rollout_batching.md, 'Expected performance': Qwen-Image LoRA, 32x16, "
-                             "512^2, serial (max_num_seqs=1) 226.4 s vs request-level (max_num_seqs=32) 107.9 s "
-                             "generation per step")
+from roll_spotlight.sim.costmodel import (SOURCE_VERL_OMNI_BATCHING, CostModel, fit_floor_rate,
+                                          forward_time_s)
 RATIO_TOLERANCE = 0.10   # every published throughput ratio is reproduced within this fraction
 SGLANG_TEXT_TOKENS = 32  # assumption: SGLang's one-sentence prompt after Qwen-Image's template
 SGLANG_CFG_FORWARDS = 2  # assumption: the two CFG branches one after the other (see the module docstring)
@@ -89,11 +88,6 @@ VERL_OMNI_GEN = GenerationRun(SOURCE_VERL_OMNI_BATCHING, "h800", 512, images_per
                               cfg_forwards=2, batch=32, serial_s=226.4, batched_s=107.9)
 
 
-def forward_s(flops, floor_s: float, rate: float, p: float):
-    """Seconds of a forward of ``flops`` (scalar or array) on a GPU of this floor, rate and knee."""
-    return (floor_s ** p + (np.asarray(flops, dtype=float) / rate) ** p) ** (1.0 / p)
-
-
 @dataclass(frozen=True)
 class Curve:
     """One serving stack's curve: ``floor_s`` (s), ``rate`` (FLOP/s at saturation), shape ``p``."""
@@ -103,7 +97,7 @@ class Curve:
     p: float
 
     def forward_s(self, flops: float) -> float:
-        return float(forward_s(flops, self.floor_s, self.rate, self.p))
+        return float(forward_time_s(flops, self.floor_s, self.rate, self.p))
 
 
 def fit_shape(row_flops: dict[int, float], points: tuple[StepPoint, ...] = SGLANG_H200,
@@ -114,8 +108,8 @@ def fit_shape(row_flops: dict[int, float], points: tuple[StepPoint, ...] = SGLAN
     measured = np.log([pt.step_s for pt in points])
 
     def loss(log_floor, log_rate, p):
-        model = cfg_forwards * forward_s(flops, np.exp(log_floor)[..., None], np.exp(log_rate)[..., None],
-                                         p[..., None])
+        model = cfg_forwards * forward_time_s(flops, np.exp(log_floor)[..., None], np.exp(log_rate)[..., None],
+                                              p[..., None])
         return ((np.log(model) - measured) ** 2).sum(axis=-1)
 
     log_floor, log_rate, p = _zoom_minimum(loss, [(math.log(1e-3), math.log(1.0)),
@@ -125,16 +119,11 @@ def fit_shape(row_flops: dict[int, float], points: tuple[StepPoint, ...] = SGLAN
 
 def fit_stack(run: GenerationRun, row_flops: float, p: float) -> Curve:
     """The floor and rate with which knee ``p`` gives ``run``'s serial and batched times exactly."""
-    return fit_floor_rate(run.serial_forward_s(), run.batched_forward_s(), run.batch, row_flops, p, run.source)
-
-
-def fit_floor_rate(t1: float, tb: float, rows: int, row_flops: float, p: float, what: str = "measurement") -> Curve:
-    """The curve through a forward of one row in ``t1`` s and of ``rows`` rows in ``tb`` s, knee ``p``:
-    t1^p = floor^p + w^p and tb^p = floor^p + (rows w)^p, w = row_flops / rate."""
-    w = ((tb ** p - t1 ** p) / (rows ** p - 1.0)) ** (1.0 / p) if tb > t1 and rows > 1 else 0.0
-    if not (w > 0 and t1 > w):
-        raise ValueError(f"{what}: {t1:.4f} s for one row and {tb:.4f} s for {rows} admit no floor with p={p:.2f}")
-    return Curve((t1 ** p - w ** p) ** (1.0 / p), row_flops / w, p)
+    found = fit_floor_rate(run.serial_forward_s(), run.batched_forward_s(), run.batch, row_flops, p)
+    if found is None:
+        raise ValueError(f"{run.source}: {run.serial_forward_s():.4f} s for one row and "
+                         f"{run.batched_forward_s():.4f} s for {run.batch} admit no floor with p={p:.2f}")
+    return Curve(*found, p)
 
 
 def _zoom_minimum(loss, bounds: list[tuple[float, float]], points: int = 41, levels: int = 14) -> tuple:
@@ -178,3 +167,27 @@ def reproduction(shape: Curve, stack: Curve, row_flops: dict[int, float], stack_
 def _row(source: str, resolution: int, batch: int, published: float, fitted: float) -> dict:
     return {"source": source, "resolution": resolution, "batch": batch, "published": published,
             "fitted": fitted, "error": fitted / published - 1.0}
+
+
+def fit(cost: CostModel | None = None) -> dict:
+    """The knee (SGLang's points), the cost model's stack (verl-omni's two times) and every published
+    ratio beside the fitted curve's, as the cost model's FLOP counter sees each row."""
+    cost = cost or CostModel()
+    sglang = cost.with_overrides({"text_tokens": SGLANG_TEXT_TOKENS})
+    row_flops = {res: sglang.forward_flops(res) for res in (512, 1024)}
+    shape = fit_shape(row_flops)
+    stack = fit_stack(VERL_OMNI_GEN, cost.forward_flops(512), shape.p)
+    peak = cost.gpu_peak_tflops * 1e12
+    return {"kind": "published vs fitted", "knee_p": shape.p,
+            "sglang_h200": {"floor_s": shape.floor_s, "mfu": shape.rate / peak},
+            "verl_omni_h800": {"floor_s": stack.floor_s, "mfu": stack.rate / peak},
+            "ratios": reproduction(shape, stack, row_flops, cost.forward_flops(512))}
+
+
+def main(argv=None) -> int:
+    print(json.dumps(fit(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
