@@ -3,9 +3,8 @@ import dataclasses
 
 import pytest
 
-from roll_spotlight.sim.baselines import MANAGED_JOBS, ManagedJobSpec
 from roll_spotlight.sim.costmodel import CostModel
-from roll_spotlight.sim.managed_job import checkpoint_bytes, restart_s, simulate_managed_job
+from roll_spotlight.sim.managed_job import CHECKPOINT_EVERY, checkpoint_bytes, restart_s, simulate_managed_job
 from roll_spotlight.sim.api import simulate
 from roll_spotlight.sim.spotfeed import fake_feed
 from roll_spotlight.spot.prices import Price, PriceTable
@@ -53,8 +52,8 @@ def test_a_longer_checkpoint_period_redoes_more_iterations():
     rows = UP + [(500.0, "down", "n3"), (500.0, "up", "n8")]
     feed = dataclasses.replace(fake_feed(rows), prices=PRICES)
     cost = CostModel.from_dict(SMALL)
-    runs = [simulate_managed_job(ManagedJobSpec("job", every), feed, cost, gpus=8, gpus_per_node=1,
-                                 iteration_s=30.0, iterations=40) for every in (1, 5, 30)]
+    runs = [simulate_managed_job(feed, cost, gpus=8, gpus_per_node=1, iteration_s=30.0, iterations=40,
+                                 checkpoint_every=every) for every in (1, 5, 30)]
     assert [r["redone_iterations"] for r in runs] == [0, 1, 16]   # 16 iterations done by 500 s, 480 s + 5.1 s save
     assert runs[0]["lost_gpu_s"] < runs[1]["lost_gpu_s"] < runs[2]["lost_gpu_s"]
     assert runs[0]["lost_gpu_s"] == pytest.approx(8 * (500.0 - 480.0))
@@ -65,7 +64,7 @@ def test_restart_cost_is_a_cold_join_and_the_checkpoint_read():
     cost = CostModel()
     assert checkpoint_bytes(cost) == pytest.approx(3 * cost.adapter_bytes())    # adapters + AdamW's m and v
     assert restart_s(cost) == pytest.approx(cost.cold_join_s() + 3 * cost.adapter_bytes() / 1e9)
-    assert MANAGED_JOBS["managed_spot"].checkpoint_every == 1
+    assert CHECKPOINT_EVERY == 1
 
 
 def test_a_feed_without_enough_gpus_again_fails_naming_the_job():
@@ -76,5 +75,7 @@ def test_a_feed_without_enough_gpus_again_fails_naming_the_job():
 
 @pytest.mark.parametrize("every", [0, 2.5, True])
 def test_a_bad_checkpoint_period_names_the_field(every):
+    feed = dataclasses.replace(fake_feed(UP), prices=PRICES)
     with pytest.raises(ValueError, match="checkpoint_every"):
-        ManagedJobSpec("job", every)
+        simulate_managed_job(feed, CostModel(), gpus=8, gpus_per_node=1, iteration_s=30.0, iterations=4,
+                             checkpoint_every=every)

@@ -18,16 +18,17 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from roll_spotlight.sim.baselines import BASELINES, MANAGED_JOBS, SYSTEMS, ManagedJobSpec, get_baseline
+from roll_spotlight.sim.baselines import BASELINES, get_baseline
 from roll_spotlight.sim.shape_budget import (FAIR_COST_DEFINITION, exploration_budget, fair_cost_baseline,
                                        fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.gpus import gpu_spec
-from roll_spotlight.sim.managed_job import simulate_managed_job
+from roll_spotlight.sim.managed_job import MANAGED_SPOT, simulate_managed_job
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
 
 DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight", "spotlight_train")
+SYSTEMS = (*BASELINES, MANAGED_SPOT)   # every name simulate accepts among its baselines
 SIMULATED_NOTE = ("simulated: cluster time and cost come from the cost model (each constant names its "
                   "source) and the spot trace; explored rewards are synthetic; convergence is not simulated")
 # Mean time between preemption batches by provider, for what-if runs without a trace file
@@ -53,8 +54,8 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
     ``budget.exploration_budget`` for this shape.
 
-    A name of ``baselines`` in ``baselines.MANAGED_JOBS`` (``managed_spot``) is vanilla's whole job on
-    ``ondemand`` spot GPUs of the same trace, checkpointed and restarted (``sim.managed_job``).
+    ``managed_spot`` among ``baselines``: vanilla's whole job on ``ondemand`` spot GPUs of the same
+    trace, checkpointed and restarted (``sim.managed_job``).
 
     ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``; default the recipes'
     batch at the resolution; ``serial_rollout`` the batch-1 mode of the engine before batching).
@@ -66,9 +67,8 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution}")
     cost = _cost_model(cost_model)
-    for name in baselines:
-        if name not in MANAGED_JOBS:
-            get_baseline(name)
+    if unknown := [name for name in baselines if name not in SYSTEMS]:
+        raise ValueError(f"unknown baseline {unknown[0]!r}; known baselines: {sorted(SYSTEMS)}")
     given_feed = feed
     if feed is None:
         feed = _feed(trace, spot, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
@@ -77,10 +77,10 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
                        record_timeline=timeline, max_batch=max_batch, serial_rollout=serial_rollout)
     batch = config.batch_of(cost)
     results = {name: _result_dict(ClusterSimulation(get_baseline(name), config, cost, feed).simulate(), timeline)
-               for name in baselines if name not in MANAGED_JOBS}
-    for name in (n for n in baselines if n in MANAGED_JOBS):
+               for name in baselines if name != MANAGED_SPOT}
+    if MANAGED_SPOT in baselines:
         job_feed = given_feed or _feed(trace, ondemand, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
-        results[name] = _managed_job(MANAGED_JOBS[name], job_feed, config, cost, results.get("vanilla"))
+        results[MANAGED_SPOT] = _managed_job(job_feed, config, cost, results.get("vanilla"))
     baselines = {name: results[name] for name in baselines}
     fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
     return {
@@ -104,13 +104,12 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     }
 
 
-def _managed_job(spec: ManagedJobSpec, feed: SpotFeed, config: SimConfig, cost: CostModel,
-                 vanilla: dict | None) -> dict:
+def _managed_job(feed: SpotFeed, config: SimConfig, cost: CostModel, vanilla: dict | None) -> dict:
     """The managed spot job on ``config.ondemand`` spot GPUs, iterations as long as vanilla's there."""
     if vanilla is None:
         vanilla = _result_dict(ClusterSimulation(get_baseline("vanilla"), dataclasses.replace(config, spot=0), cost,
                                                  feed).simulate(), False)
-    return simulate_managed_job(spec, feed, cost, gpus=config.ondemand, gpus_per_node=config.gpus_per_spot_node,
+    return simulate_managed_job(feed, cost, gpus=config.ondemand, gpus_per_node=config.gpus_per_spot_node,
                                 iteration_s=vanilla["time_per_iteration_s"], iterations=config.iterations,
                                 max_sim_s=config.max_sim_s)
 

@@ -36,11 +36,6 @@ spotlight_train    roll out    none: spot GPUs      commit in-flight  warm, as s
                                                     hand back the rest
 =================  ==========  ===================  ================  ===================
 
-Beside them, ``MANAGED_JOBS`` (``sim.managed_job``): vanilla's whole job on spot GPUs only, the way
-SkyPilot's managed jobs run it: checkpoints every iteration, a preemption kills the job, which waits
-for capacity, relaunches cold and redoes the work since its last checkpoint. It is not an iteration
-of this simulator's cluster (no on-demand trainer), so it has its own simulation.
-
 Training (``Training``): ``ONDEMAND`` is Flow-GRPO's FSDP update on the on-demand GPUs only
 (``CostModel.train_s``); ``QUEUE`` splits the update into TRAIN micro-batch requests that every
 on-demand and spot worker pulls from the same queue, each reporting one gradient sum per lease
@@ -103,27 +98,9 @@ BASELINES: dict[str, BaselineSpec] = {
 }
 
 
-@dataclass(frozen=True)
-class ManagedJobSpec:
-    """A managed spot job: ``checkpoint_every`` iterations between checkpoints (SkyPilot leaves the
-    period to the job; every iteration is this baseline's best case, the recipes save every 30)."""
-
-    name: str
-    checkpoint_every: int = 1
-
-    def __post_init__(self) -> None:
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
-                or self.checkpoint_every < 1:
-            raise ValueError(f"ManagedJobSpec.checkpoint_every must be an integer >= 1, got {self.checkpoint_every!r}")
-
-
-MANAGED_JOBS: dict[str, ManagedJobSpec] = {"managed_spot": ManagedJobSpec("managed_spot", checkpoint_every=1)}
-SYSTEMS = (*BASELINES, *MANAGED_JOBS)   # every name a simulation accepts
-
-
 def get_baseline(name: str) -> BaselineSpec:
     """Resolve a baseline by name; the error lists the known names."""
     try:
         return BASELINES[name]
     except KeyError:
-        raise ValueError(f"unknown baseline {name!r}; known baselines: {sorted(SYSTEMS)}") from None
+        raise ValueError(f"unknown baseline {name!r}; known baselines: {sorted(BASELINES)}") from None

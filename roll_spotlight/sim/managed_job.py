@@ -1,28 +1,26 @@
-"""The baseline users pick for cost: the whole job on spot GPUs, checkpointed, restarted after each preemption.
+"""The baseline users pick for cost (``managed_spot``): the whole job on spot GPUs, checkpointed,
+restarted after each preemption, as SkyPilot's managed jobs run it.
 
-SkyPilot's managed jobs run an unmodified training job on spot instances and recover it: the job
-(here vanilla Flow-GRPO on ``gpus`` GPUs, iterations of the simulated vanilla's length) writes a
-checkpoint every ``checkpoint_every`` iterations, in the background (``checkpoint_save_s`` after
-the iteration ends it is durable). A reclaimed node kills the job, since its collectives span every
-GPU; the notice is not used. The cluster is torn down (billing stops), the job waits until the
-trace holds ``gpus`` spot GPUs again, relaunches on them (``restart_s``: boot, process start, NCCL,
-base weights and the checkpoint from storage) and redoes the iterations since its last durable
-checkpoint. Billing runs from a launch to the teardown, at each node's zone price. Without a
-preemption it is vanilla on ``gpus`` GPUs at the spot price, exactly.
-
-Pure: no event loop; one pass over the spot feed.
+Vanilla Flow-GRPO on ``gpus`` spot GPUs (iterations of the simulated vanilla's length) writes a
+checkpoint every ``checkpoint_every`` iterations in the background. A reclaimed node kills the job
+(its collectives span every GPU; the notice is unused): billing stops, the job waits until the
+trace holds ``gpus`` spot GPUs again, relaunches (``restart_s``) and redoes the iterations since
+its last durable checkpoint. Without a preemption it is vanilla at the spot price, exactly. Pure:
+one pass over the spot feed, no event loop.
 """
 from __future__ import annotations
 
 import math
 
-from roll_spotlight.sim.baselines import ManagedJobSpec
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.spotfeed import SpotFeed
 from roll_spotlight.spot.ledger import CostLedger
 from roll_spotlight.spot.market import EventKind
 
 ADAM_STATES_PER_PARAM = 2   # m and v, each the adapters' size
+MANAGED_SPOT = "managed_spot"   # its name among a simulation's baselines
+# SkyPilot leaves the period to the job; every iteration is this baseline's best case (the recipes save every 30)
+CHECKPOINT_EVERY = 1
 
 
 def checkpoint_bytes(cost: CostModel) -> float:
@@ -63,13 +61,16 @@ class _Capacity:
         return max(after, self.events[self.cursor - 1].time_s if self.cursor else after)
 
 
-def simulate_managed_job(spec: ManagedJobSpec, feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per_node: int,
-                         iteration_s: float, iterations: int, max_sim_s: float = 90 * 24 * 3600.0) -> dict:
+def simulate_managed_job(feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per_node: int, iteration_s: float,
+                         iterations: int, checkpoint_every: int = CHECKPOINT_EVERY,
+                         max_sim_s: float = 90 * 24 * 3600.0) -> dict:
     """The managed job for ``iterations`` iterations of ``iteration_s`` on ``gpus`` spot GPUs of the
     feed (SIMULATED); the dict has the keys of a simulated baseline (``system.BaselineResult``)
     that apply, and ``restarts``, ``redone_iterations``, ``waiting_s``, ``restarting_s``."""
     if gpus < 1 or gpus % gpus_per_node:
         raise ValueError(f"managed job: gpus={gpus} must be a positive multiple of gpus_per_node={gpus_per_node}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"managed job: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     need = gpus // gpus_per_node
     capacity, ledger = _Capacity(feed), CostLedger(feed.prices)
     saved, now, preemptions, lost_s, redone, waiting, restarting = 0, 0.0, 0, 0.0, 0, 0.0, 0.0
@@ -77,7 +78,7 @@ def simulate_managed_job(spec: ManagedJobSpec, feed: SpotFeed, cost: CostModel, 
     while True:
         granted = capacity.first_time_with(need, now)
         if granted is None or granted > max_sim_s:
-            raise RuntimeError(f"{spec.name}: {saved} of {iterations} iterations done when the feed ran out of "
+            raise RuntimeError(f"{MANAGED_SPOT}: {saved} of {iterations} iterations done when the feed ran out of "
                                f"{gpus} spot GPUs (t={now:.0f} s)")
         waiting += granted - now
         held = list(capacity.up.items())[:need]
@@ -95,7 +96,7 @@ def simulate_managed_job(spec: ManagedJobSpec, feed: SpotFeed, cost: CostModel, 
         now = max(down, granted)
         done = max(0, math.floor((now - start) / iteration_s + 1e-9)) if now > start else 0
         durable = [k for k in range(1, done + 1)
-                   if (saved + k) % spec.checkpoint_every == 0 and start + k * iteration_s + save_s <= now]
+                   if (saved + k) % checkpoint_every == 0 and start + k * iteration_s + save_s <= now]
         kept = durable[-1] if durable else 0
         lost_s += max(0.0, now - max(start, start + kept * iteration_s)) * gpus
         redone += done - kept
@@ -104,19 +105,19 @@ def simulate_managed_job(spec: ManagedJobSpec, feed: SpotFeed, cost: CostModel, 
         for node, _ in held:
             ledger.stop(node, now)
         capacity.advance(now)
-    return _result(spec, ledger, now, gpus, iterations, iteration_s, preemptions, lost_s, redone, waiting,
-                   restarting, relaunch_s, save_s)
+    return _result(ledger, now, gpus, iterations, iteration_s, checkpoint_every, preemptions, lost_s, redone,
+                   waiting, restarting, relaunch_s, save_s)
 
 
-def _result(spec: ManagedJobSpec, ledger: CostLedger, end: float, gpus: int, iterations: int, iteration_s: float,
+def _result(ledger: CostLedger, end: float, gpus: int, iterations: int, iteration_s: float, checkpoint_every: int,
             preemptions: int, lost_s: float, redone: int, waiting: float, restarting: float, relaunch_s: float,
             save_s: float) -> dict:
     report = ledger.report(now=end)
     spot_usd = sum(p.usd for p in report.pools)
     billed_s = sum(p.gpu_hours for p in report.pools) * 3600.0
     useful_s = iterations * iteration_s * gpus
-    return {"kind": "simulated", "name": spec.name, "system": "managed_job", "ondemand_gpus": 0, "spot_gpus": gpus,
-            "checkpoint_every": spec.checkpoint_every, "iterations": iterations, "iteration_s": iteration_s,
+    return {"kind": "simulated", "name": MANAGED_SPOT, "system": "managed_job", "ondemand_gpus": 0, "spot_gpus": gpus,
+            "checkpoint_every": checkpoint_every, "iterations": iterations, "iteration_s": iteration_s,
             "time_per_iteration_s": end / iterations, "sim_end_s": end,
             "cost_per_iteration_usd": spot_usd / iterations, "ondemand_usd": 0.0, "spot_usd": spot_usd,
             "ondemand_gpu_hours": 0.0, "spot_gpu_hours": billed_s / 3600.0,
