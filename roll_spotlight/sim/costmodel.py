@@ -5,18 +5,14 @@ One table, :data:`CONSTANTS`, holds each constant with its unit and its source: 
 an explicit ``assumption``. :class:`CostModel` carries the values (overridable from a dict, and
 calibratable with measured regroup times) and derives phase times from them:
 
-- a denoising step of ``batch`` images is one forward of ``batch x cfg_forwards`` rows (both CFG
-  branches in the same forward), or, in the serial mode (this project's engine before issue 54 and
-  verl-omni's published runs), ``cfg_forwards`` forwards of one row. A forward's FLOPs follow
-  Qwen-Image's two streams: an image token passes only the image stream's linears, a text token
-  only the text stream's (QKV + out 4 d^2, MLP 8 d^2: ``12*hidden^2*layers`` parameters per token),
-  and the modulation linears (the other third of the 20B) run once per image; joint attention adds
-  ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image (its
-  docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of ``2*params*tokens``.
-  Its seconds are :func:`forward_time_s`: ``(rollout_floor_s^p + (flops / rate)^p)^(1/p)``, rate
-  ``peak * rollout_mfu`` (the MFU of a saturated forward), on an SP group of degree d each GPU
-  doing ``1/d`` of the FLOPs at efficiency ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all
-  grows with d) and paying the floor itself;
+- a denoising step of ``batch`` images is one forward of ``batch x cfg_forwards`` rows (serial
+  mode: ``cfg_forwards`` forwards of one row). Qwen-Image's two streams: an image token passes only
+  the image stream's linears, a text token only the text stream's (QKV + out 4 d^2, MLP 8 d^2:
+  ``12*hidden^2*layers`` parameters per token), and the modulation linears (the other third of the
+  20B) run once per image; joint attention adds ``4*layers*tokens^2*hidden`` (QK^T and AV). That is
+  verl-omni's FLOP counter for Qwen-Image (docs/perf/diffusion_mfu.md at ``VERL_OMNI``). A forward
+  takes :func:`forward_time_s` at rate ``peak*rollout_mfu``; an SP group of degree d splits the
+  FLOPs at efficiency ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
 - a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
   the SDE-window steps are trained;
 - restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth);
@@ -26,20 +22,13 @@ calibratable with measured regroup times) and derives phase times from them:
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-The rollout constants are fitted (``benchmarks.batching_fit``): the knee ``batch_knee_p`` to
-SGLang's published time per step against batch, the floor and ``rollout_mfu`` to verl-omni's
-published generation times serial and batched. ``train_mfu`` is then calibrated
-(``benchmarks.sim_reference``): the simulator's vanilla of verl-omni's published Qwen-Image LoRA
-run (4 x H800, 420 s per step, its rollouts serial) takes that step time. ``with_gpu(name)`` swaps
-the datasheet figures of another GPU (``sim.gpus``) and keeps the MFUs and the floor. Numbers
-derived from this model are *simulated* and reports must say so. Exploration's effect on
-convergence is not modelled at all (see ``run.time_to_target``).
-
-GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the published
-``rollout_mfu``, ``rollout_floor_s`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py``
-JSON implies (its guided step, batch sweep and training micro-step at that resolution, see
-:func:`load_calibration`); the model's ``calibration`` field says which was used:
-``PUBLISHED_CALIBRATION`` or the file.
+The rollout curve is fitted to published batching times and ``train_mfu`` calibrated on
+verl-omni's published LoRA step (``benchmarks.batching_fit``, ``benchmarks.sim_reference``).
+``with_gpu(name)`` swaps another GPU's datasheet figures (``sim.gpus``), keeping MFUs and floor.
+Numbers derived from this model are *simulated*; convergence is not modelled
+(``api.time_to_target``). ``with_calibration(path, resolution)`` takes the rollout curve and
+``train_mfu`` from a ``benchmarks/gpu_check.py`` JSON instead (:func:`load_calibration`); the
+``calibration`` field names which: ``PUBLISHED_CALIBRATION`` or the file.
 """
 from __future__ import annotations
 
@@ -62,8 +51,7 @@ SOURCE_SGLANG = ("sgl-project/sglang PR #22183 (comment 2026-04-10, 'Batch Size 
 SOURCE_VERL_OMNI_BATCHING = (f"{VERL_OMNI} docs/start/rollout_batching.md, 'Expected performance': Qwen-Image "
                              "LoRA, 32x16, 512^2, serial (max_num_seqs=1) 226.4 s vs request-level "
                              "(max_num_seqs=32) 107.9 s generation per step")
-# The rollout curve as benchmarks.batching_fit fits it, train_mfu as benchmarks.sim_reference derives it
-# (tests/test_sim_batching.py and tests/test_sim_reference.py pin them).
+# as benchmarks.batching_fit and benchmarks.sim_reference derive them (their tests pin them)
 FITTED_KNEE_P = 4.051
 FITTED_ROLLOUT_FLOOR_S = 0.08733
 FITTED_ROLLOUT_MFU = 0.3994
@@ -94,23 +82,16 @@ CONSTANTS: dict[str, Constant] = {
     # --- hardware ---
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
     "rollout_mfu": Constant(FITTED_ROLLOUT_MFU, "fraction of peak",
-                            "fitted (benchmarks.batching_fit): a saturated forward's MFU in "
-                            f"{SOURCE_VERL_OMNI_BATCHING}, "
-                            "on 4 x H800 (assumption: the calibration run's GPUs); vLLM-Omni with the LoRA "
-                            "unmerged; applied to every GPU's peak (assumption: the same fraction)"),
-    "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward",
-                                f"fitted with rollout_mfu to {SOURCE_VERL_OMNI_BATCHING}: "
-                                "the least one forward takes on one GPU however few rows it holds (assumption: "
-                                "the same on every GPU of sim.gpus)"),
-    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent",
-                             f"fitted (benchmarks.batching_fit) to {SOURCE_SGLANG}: time per step at batch 1-16 "
-                             "(512^2) and 1-3 (1024^2)"),
+                            f"fitted: a saturated forward's MFU in {SOURCE_VERL_OMNI_BATCHING}, assumed on 4 x "
+                            "H800 and the same fraction of every GPU's peak"),
+    "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward", "fitted with rollout_mfu: the least "
+                                f"a forward takes, however few rows, in {SOURCE_VERL_OMNI_BATCHING} (every GPU alike)"),
+    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent", f"fitted to {SOURCE_SGLANG}: time per step at "
+                                                        "batch 1-16 (512^2) and 1-3 (1024^2)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
-                          f"calibrated: {SOURCE_VERL_OMNI_PERF}; with the fitted rollout curve (serial "
-                          "generation, as that run's engine) the simulator's vanilla of that run "
-                          "(benchmarks.sim_reference) takes the published 420 s, its offloads and weight sync "
-                          "counted apart; the same run's full-fine-tuning twin (4 x H200, 250 s) is then "
-                          "predicted at +6.6%"),
+                          f"calibrated: {SOURCE_VERL_OMNI_PERF}; the simulator's vanilla of that run (serial "
+                          "rollouts, offloads and weight sync apart) takes the published 420 s; its full-"
+                          "fine-tuning twin (4 x H200, 250 s) is then predicted at +6.6%"),
     "sp_overhead_per_rank": Constant(0.04, "fraction per extra rank",
                                      "assumption: Ulysses all-to-all cost inside one NVLink node"),
     "sp_cross_node_factor": Constant(4.0, "x", "assumption: all-to-all over the network instead of NVLink"),
@@ -141,10 +122,8 @@ CONSTANTS: dict[str, Constant] = {
     "preferred_sp_1280": Constant(4, "degree", "assumption: the paper runs 1280^2 with SP; 4 GPUs per "
                                                "image (elastic.group_plan.degree_for_resolution's 4,096-"
                                                "token rule would give 2)"),
-    "max_batch_512": Constant(16, "images per forward", "configs/qwen_image_*_512.yaml sampling.max_batch (the "
-                                                        "memory plan fits it in 80 GB; the curve is flat past it)"),
-    "max_batch_1280": Constant(4, "images per forward", "configs/qwen_image_geneval_1280.yaml sampling.max_batch "
-                                                        "(the memory plan fits it in 80 GB at SP 4)"),
+    "max_batch_512": Constant(16, "images", "configs/qwen_image_*_512.yaml sampling.max_batch"),
+    "max_batch_1280": Constant(4, "images", "configs/qwen_image_geneval_1280.yaml sampling.max_batch"),
     # --- rewards ---
     "reward_s_ocr": Constant(0.05, "s per image", "assumption: PaddleOCR on a GPU reward server (our CPU "
                                                   "rapidocr measured 0.23-0.32 s per 512^2 image, ENV.md)"),
@@ -192,8 +171,7 @@ _INT_KEYS = frozenset({"num_layers", "hidden_dim", "num_heads", "pixels_per_toke
                        "bytes_per_param", "sampling_steps", "cfg_forwards", "group_size",
                        "prompts_per_iteration", "trained_steps", "explore_steps",
                        "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280", "max_batch_512",
-                       "max_batch_1280",
-                       "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
+                       "max_batch_1280", "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
 
 
 def _defaults() -> dict[str, float]:
@@ -350,9 +328,8 @@ class CostModel:
 
     def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False, batch: int = 1,
                serial: bool = False) -> float:
-        """Wall time of one denoising step of ``batch`` images, every CFG branch, on an SP group of
-        ``degree`` GPUs: one forward of ``batch x cfg_forwards`` rows, or with ``serial`` (one
-        image, the CFG branches one after the other) ``cfg_forwards`` forwards of one row."""
+        """One denoising step of ``batch`` images, both CFG branches in one forward, on an SP group of
+        ``degree`` GPUs; ``serial``: one image, the branches one after the other (batch 1 before)."""
         assert not (serial and batch != 1), "a serial step is one image"
         if serial:
             return self.cfg_forwards * self.forward_s(resolution, 1, degree, cross_node)
@@ -360,8 +337,7 @@ class CostModel:
 
     def rollout_s(self, resolution: int, degree: int = 1, steps: int | None = None,
                   cross_node: bool = False, batch: int = 1, serial: bool = False) -> float:
-        """Wall time of one whole rollout (``steps`` denoising steps, default the sampling steps) of
-        ``batch`` images denoised together (``serial``: one image alone, see ``step_s``)."""
+        """One whole rollout of ``batch`` images (``steps`` steps, default the sampling steps; see ``step_s``)."""
         steps = self.sampling_steps if steps is None else steps
         return steps * self.step_s(resolution, degree, cross_node, batch, serial)
 
@@ -467,12 +443,10 @@ def load_calibration(path: str | Path, resolution: int | None = None, *, allow_t
 
     The measured times are turned back into the constants the cost model needs to reproduce them
     (with the measurement's own text-token count; ``base``'s other constants, default
-    ``CostModel()``): the guided step is serial (``cfg_forwards`` forwards of one row); with a batch
-    sweep (one forward of ``2B`` rows for B images) the rollout floor and MFU are the curve through
-    the serial forward and the largest batch that ran (:func:`fit_floor_rate`, the knee kept);
-    without one (or when the two admit no floor), the curve is stretched in time by ``measured /
-    base.step_s(serial=True)`` (floor times it, MFU over it); a training micro-step is the cond + negative forward and
-    backward of one image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
+    ``CostModel()``): the rollout curve through the serial guided step and the largest batch of the
+    sweep that ran (:func:`fit_floor_rate`, the knee kept), else the fitted curve stretched in time
+    to the serial step; a training micro-step is the cond + negative forward and backward of one
+    image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
     (peak * micro_step_s)`` (one GPU: no FSDP communication, no optimizer step). With two or more
     resolutions measured and none asked for, the one closest to ``resolution`` is used (the largest
     if None). A ``--tiny`` file is refused unless ``allow_tiny`` (its times are not the 20B model's).
@@ -510,36 +484,32 @@ def _calibration(base: CostModel, path: str | Path, resolution: int | None,
     shaped = base.with_overrides({"text_tokens": text_tokens})
     peak = shaped.gpu_peak_tflops * 1e12
     flops = shaped.forward_flops(res)
-    values = {**_rollout_curve(shaped, res, step_s, entry.get("batch_sweep") or {}),
-              "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
+    curve, swept = _rollout_curve(shaped, res, step_s, entry.get("batch_sweep") or {})
+    values = {**curve, "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
     if not tiny:
         high = {k: v for k, v in values.items() if k.endswith("_mfu") and v > 1.0}
         if high:
             raise ValueError(f"--calibration {path}: the measured times imply {high} > 1 of "
                              f"gpu_peak_tflops={shaped.gpu_peak_tflops}: not the cost model's transformer")
-    sweep = "batch sweep" if "sweep" in values.pop("rollout_from") else "no batch sweep"
     device = data.get("device", {}).get("name", "unknown device")
     note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s, "
-            f"{sweep}{'; tiny model' if tiny else ''})")
+            f"{'' if swept else 'no '}batch sweep{'; tiny model' if tiny else ''})")
     return values, note
 
 
-def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float, sweep: Mapping[str, Any]) -> dict:
-    """``rollout_mfu`` and ``rollout_floor_s`` from a measured serial guided step and, when it holds
-    a batch that ran, gpu_check's batch sweep (see :func:`load_calibration`)."""
-    cfg = int(model.cfg_forwards)
+def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float,
+                   sweep: Mapping[str, Any]) -> tuple[dict[str, float], bool]:
+    """``rollout_mfu`` and ``rollout_floor_s`` (see :func:`load_calibration`), and whether the sweep gave them."""
     ran = {int(b): float(m["median_s"]) for b, m in sweep.items()
            if isinstance(m, Mapping) and not m.get("oom") and m.get("median_s") and int(b) > 1}
-    peak = model.gpu_peak_tflops * 1e12
-    batch = max(ran, default=1)
+    batch, cfg = max(ran, default=1), int(model.cfg_forwards)
     found = fit_floor_rate(serial_step_s / cfg, ran.get(batch, 0.0), batch * cfg, model.forward_flops(resolution),
                            model.batch_knee_p)
     if found is not None:
-        return {"rollout_mfu": found[1] / peak, "rollout_floor_s": found[0], "rollout_from": "sweep"}
+        return {"rollout_mfu": found[1] / (model.gpu_peak_tflops * 1e12), "rollout_floor_s": found[0]}, True
     # no sweep, or timings that admit no floor (noise on a tiny model): the fitted shape, stretched
     stretch = serial_step_s / model.step_s(resolution, serial=True)
-    return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch,
-            "rollout_from": "stretch"}
+    return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch}, False
 
 
 def forward_time_s(flops, floor_s: float, rate: float, p: float):
