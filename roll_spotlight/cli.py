@@ -102,7 +102,7 @@ def _check_only(cfg, args) -> int:
     plan = memory_plan_of(cfg, _placement(args))   # from the config alone: shown even if a check fails below
     print(f"memory plan ({cfg.model.preset}, {cfg.model.image_size}x{cfg.model.image_size}, estimates):")
     print(format_memory_plan(plan))
-    print(batch_summary(cfg, plan, _placement(args)))
+    print(batch_summary(cfg, plan))
     check_startup(cfg, _placement(args))
     check_memory_plan(plan)
     lora = cfg.train.lora

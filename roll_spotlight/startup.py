@@ -208,21 +208,14 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
                           vae_params=0, text_encoder_params=0)
 
 
-def batch_summary(cfg, plan, placement: WorkerPlacement | None = None) -> str:
+def batch_summary(cfg, plan) -> str:
     """One line: the largest ``sampling.max_batch`` the memory plan fits on the run's GPU
-    (``model.gpu_memory_gb``, else the emulated GPU's, else an 80 GiB H100 as an example)."""
+    (``model.gpu_memory_gb``, else an 80 GiB H100 as an example)."""
     from roll_spotlight.models.memory_plan import largest_batch
 
-    placement = placement or WorkerPlacement()
-    if cfg.model.gpu_memory_gb is not None:
-        limit, where = cfg.model.gpu_memory_gb, f"model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}"
-    elif placement.emulate is not None:
-        from roll_spotlight.sim.gpus import gpu_spec
-
-        limit, where = gpu_spec(placement.emulate).memory_gib, f"--emulate {placement.emulate}"
-    else:
-        limit, where = 80.0, "80 GiB (an H100; model.gpu_memory_gb unset)"
-    most = largest_batch(plan, "rollout", limit)
+    limit = cfg.model.gpu_memory_gb
+    where = f"model.gpu_memory_gb={limit:g}" if limit else "80 GiB (an H100; model.gpu_memory_gb unset)"
+    most = largest_batch(plan, "rollout", limit or 80.0)
     return (f"sampling.max_batch={cfg.sampling.max_batch}; the largest that fits {where}: {most}"
             f"{'' if most >= cfg.sampling.max_batch else ' (too small: lower sampling.max_batch)'}")
 

@@ -27,15 +27,13 @@ Rows (bytes, shown in GiB = 2**30 bytes; ``gpu_memory_gb`` is read in the same u
   two ``tokens*d`` gradient buffers. Without checkpointing every layer keeps its full activations.
   With CFG the training log-prob uses the guided velocity, so the negative branch's activations are
   kept as well (its own row).
-- activations, rollout/explorer (no grad), for ``rollout_batch`` (``explore_batch``) images denoised
-  together: the larger of one block's working set, :data:`INFER_ELEMS_PER_TOKEN` ``*d`` elements per
-  token on ``image_tokens/sp_degree + text_tokens`` tokens per row (Ulysses SP shards image tokens;
-  weights are replicated), and the VAE decode of the batch's images (:data:`VAE_DECODE_TENSORS`
-  tensors of ``base_dim`` channels at full resolution; the whole batch at once, an upper bound).
-  When the conditional and negative forwards are batched (``cfg_batched``: both branches in one
-  forward, 2 rows per image) the "CFG negative branch" row is what the negative rows add above
-  that peak; when they run one after the other (diffusers' pipeline), the kept conditional velocity.
-  :func:`largest_batch` is the most images that fit ``gpu_memory_gb``.
+- activations, rollout/explorer (no grad), for ``rollout_batch`` (``explore_batch``) images: the
+  larger of one block's working set, :data:`INFER_ELEMS_PER_TOKEN` ``*d`` elements per token on
+  ``image_tokens/sp_degree + text_tokens`` tokens per row (Ulysses SP shards image tokens; weights
+  are replicated), and the VAE decode of the batch (:data:`VAE_DECODE_TENSORS` tensors of
+  ``base_dim`` channels at full resolution). With ``cfg_batched`` (both branches in one forward)
+  the "CFG negative branch" row is what the negative rows add above that peak; one after the
+  other (diffusers' pipeline), the kept conditional velocity. :func:`largest_batch` fits the GPU.
 - inputs and buffers: latents, the trajectory (``sampling_steps + 1`` latents per image), prompt
   embeddings; runtime overhead: CUDA context and allocator slack, an assumption (``overhead_gb``).
 
@@ -355,19 +353,12 @@ def largest_batch(plan: MemoryPlan, role: str = "rollout", gpu_memory_gb: float 
     """The most images ``role`` (rollout or explorer) can denoise together within ``gpu_memory_gb``
     (default the plan's), all else as planned; 0 when not even one fits."""
     limit = plan.settings.gpu_memory_gb if gpu_memory_gb is None else gpu_memory_gb
-    if limit is None:
-        raise ValueError("largest_batch needs a GPU memory (model.gpu_memory_gb)")
-    key = BATCH_KEYS[role]
-
-    def fits(batch: int) -> bool:
-        return memory_plan(plan.transformer_config, plan.settings, **{key: batch}).total_gib(role) <= limit
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, most
+    assert limit is not None, "largest_batch needs a GPU memory"
+    lo, hi = 0, most
     while lo < hi:                       # the plan grows with the batch: the last batch that fits
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        fits = memory_plan(plan.transformer_config, plan.settings, **{BATCH_KEYS[role]: mid}).total_gib(role) <= limit
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
     return lo
 
 

@@ -68,11 +68,9 @@ class SimConfig:
     iteration's rollouts are scored after the last one, on ``reward_workers`` slots, while the
     on-demand GPUs are in phase REWARD; by default reward servers score each image as it completes.
 
-    ``max_batch``: requests of one kind a worker leases and denoises together, both CFG branches in
-    the same forward (``CostModel.step_s``); None: the recipes' batch at the resolution
-    (``CostModel.max_batch``). ``serial_rollout``: the batch-1 mode, one request at a time with its
-    CFG branches one after the other (this project's engine before batching, and the engine of
-    verl-omni's published runs); it needs ``max_batch`` None or 1.
+    ``max_batch``: requests of one kind a worker denoises together (``CostModel.step_s``; None: the
+    recipes' batch). ``serial_rollout``: one request at a time, CFG branches one after the other
+    (the engine before batching, and verl-omni's published runs).
     """
 
     resolution: int
@@ -102,16 +100,14 @@ class SimConfig:
         if self.spot % self.gpus_per_spot_node:
             raise ValueError(f"SimConfig.spot={self.spot} must be a multiple of gpus_per_spot_node="
                              f"{self.gpus_per_spot_node}")
-        if self.max_batch is not None and (isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int)
-                                           or self.max_batch < 1):
-            raise ValueError(f"SimConfig.max_batch must be an integer >= 1 or None, got {self.max_batch!r}")
-        if self.serial_rollout and self.max_batch not in (None, 1):
-            raise ValueError(f"SimConfig.serial_rollout runs one request at a time; max_batch={self.max_batch}")
+        if self.max_batch is not None and (type(self.max_batch) is not int or self.max_batch < 1
+                                           or self.serial_rollout and self.max_batch != 1):
+            raise ValueError(f"SimConfig.max_batch must be None or an integer >= 1 (1 with serial_rollout), "
+                             f"got {self.max_batch!r}")
 
     def batch_of(self, cost: CostModel, degree: int | None = None) -> int:
-        """Most requests an SP group of ``degree`` GPUs denoises together: ``max_batch`` is the
-        batch of a group of the preferred degree; a smaller group holds proportionally fewer rows
-        (SP shards the activations, so its memory allows fewer), at least one."""
+        """Most requests an SP group of ``degree`` GPUs denoises together: ``max_batch`` at the
+        preferred degree, proportionally fewer on a smaller group (less memory), at least one."""
         if self.serial_rollout:
             return 1
         batch = self.max_batch if self.max_batch is not None else cost.max_batch(self.resolution)
@@ -126,9 +122,8 @@ class IterPhase(enum.Enum):
 
 @dataclass
 class BatchRun:
-    """Requests one worker denoises together from ``start``: one step of every row takes ``step_s``.
-    Row i starts at its own step (``first_steps[i]``: a resumed request) and is reported when the
-    last row finishes (a finished row's slot is not refilled: a resumed row is rare)."""
+    """Requests one worker denoises together from ``start``, a step of all rows in ``step_s``; row i
+    starts at step ``first_steps[i]`` (resumed) and all report when the last finishes (no refill)."""
 
     run_id: int
     leases: list[Lease]
@@ -148,7 +143,6 @@ class BatchRun:
         return self.start + steps_done * self.step_s
 
     def steps_done_by(self, t: float) -> int:
-        """Whole steps finished by time ``t``."""
         return math.floor((t - self.start) / self.step_s + 1e-9)
 
 
