@@ -54,11 +54,8 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
     ``budget.exploration_budget`` for this shape.
 
-    ``managed_spot`` among ``baselines``: vanilla's whole job on ``ondemand`` spot GPUs of the same
-    trace, checkpointed and restarted (``sim.managed_job``).
-
-    ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``; default the recipes'
-    batch at the resolution; ``serial_rollout`` the batch-1 mode of the engine before batching).
+    ``managed_spot``: vanilla's whole job on ``ondemand`` spot GPUs, restarted from checkpoints
+    (``sim.managed_job``). ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``).
 
     ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
     overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
@@ -161,8 +158,7 @@ def _feed(trace: TraceLike, spot: int, gpus_per_node: int, seed: int, start_s: f
 
 
 def phase_summary(cost: CostModel, resolution: int, ondemand: int, batch: int = 1, serial: bool = False) -> dict:
-    """The cost model's phase times for this shape, rollouts ``batch`` at a time (``serial``: one
-    at a time, CFG branches one after the other), per image (simulated inputs, for the report)."""
+    """The cost model's phase times for this shape, rollouts ``batch`` at a time (simulated inputs)."""
     degree = cost.preferred_sp(resolution)
     images = cost.images_per_iteration()
     return {
@@ -276,8 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=None,
                         help="requests a worker denoises together (default: the recipes' sampling.max_batch)")
     parser.add_argument("--serial-rollout", action="store_true",
-                        help="batch-1 mode: one request at a time, CFG branches one after the other (the "
-                             "engine before batching, and verl-omni's published runs)")
+                        help="one request at a time, CFG branches one after the other (the engine before batching)")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--fair-cost", action="store_true",
                         help="also simulate vanilla on the on-demand GPUs each spot baseline's dollars buy "

@@ -69,61 +69,49 @@ def simulate_managed_job(feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per
     that apply, and ``restarts``, ``redone_iterations``, ``waiting_s``, ``restarting_s``."""
     if gpus < 1 or gpus % gpus_per_node:
         raise ValueError(f"managed job: gpus={gpus} must be a positive multiple of gpus_per_node={gpus_per_node}")
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+    if type(checkpoint_every) is not int or checkpoint_every < 1:
         raise ValueError(f"managed job: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-    need = gpus // gpus_per_node
     capacity, ledger = _Capacity(feed), CostLedger(feed.prices)
-    saved, now, preemptions, lost_s, redone, waiting, restarting = 0, 0.0, 0, 0.0, 0, 0.0, 0.0
+    tally = {"preemptions": 0, "lost_gpu_s": 0.0, "redone_iterations": 0, "waiting_s": 0.0, "restarting_s": 0.0}
+    saved, now = 0, 0.0
     save_s, relaunch_s = cost.storage_s(checkpoint_bytes(cost)), restart_s(cost)
     while True:
-        granted = capacity.first_time_with(need, now)
+        granted = capacity.first_time_with(gpus // gpus_per_node, now)
         if granted is None or granted > max_sim_s:
             raise RuntimeError(f"{MANAGED_SPOT}: {saved} of {iterations} iterations done when the feed ran out of "
                                f"{gpus} spot GPUs (t={now:.0f} s)")
-        waiting += granted - now
-        held = list(capacity.up.items())[:need]
+        tally["waiting_s"] += granted - now
+        held = list(capacity.up.items())[:gpus // gpus_per_node]
         for node, zone in held:
             ledger.start(node, f"spot/{zone}", granted, gpus=gpus_per_node)
         start = granted + (relaunch_s if granted > 0 else 0.0)   # nodes up at 0: started, like vanilla
         down = min(capacity.down_at.get(node, math.inf) for node, _ in held)
+        tally["restarting_s"] += min(start, down) - granted
         finish = start + (iterations - saved) * iteration_s
-        restarting += min(start, down) - granted
+        now = finish if finish <= down else max(down, granted)
+        for node, _ in held:
+            ledger.stop(node, now)
         if finish <= down:
-            now = finish
-            for node, _ in held:
-                ledger.stop(node, now)
             break
-        now = max(down, granted)
         done = max(0, math.floor((now - start) / iteration_s + 1e-9)) if now > start else 0
         durable = [k for k in range(1, done + 1)
                    if (saved + k) % checkpoint_every == 0 and start + k * iteration_s + save_s <= now]
         kept = durable[-1] if durable else 0
-        lost_s += max(0.0, now - max(start, start + kept * iteration_s)) * gpus
-        redone += done - kept
+        tally["lost_gpu_s"] += max(0.0, now - (start + kept * iteration_s)) * gpus
+        tally["redone_iterations"] += done - kept
+        tally["preemptions"] += 1
         saved += kept
-        preemptions += 1
-        for node, _ in held:
-            ledger.stop(node, now)
         capacity.advance(now)
-    return _result(ledger, now, gpus, iterations, iteration_s, checkpoint_every, preemptions, lost_s, redone,
-                   waiting, restarting, relaunch_s, save_s)
-
-
-def _result(ledger: CostLedger, end: float, gpus: int, iterations: int, iteration_s: float, checkpoint_every: int,
-            preemptions: int, lost_s: float, redone: int, waiting: float, restarting: float, relaunch_s: float,
-            save_s: float) -> dict:
-    report = ledger.report(now=end)
+    report = ledger.report(now=now)
     spot_usd = sum(p.usd for p in report.pools)
     billed_s = sum(p.gpu_hours for p in report.pools) * 3600.0
-    useful_s = iterations * iteration_s * gpus
     return {"kind": "simulated", "name": MANAGED_SPOT, "system": "managed_job", "ondemand_gpus": 0, "spot_gpus": gpus,
             "checkpoint_every": checkpoint_every, "iterations": iterations, "iteration_s": iteration_s,
-            "time_per_iteration_s": end / iterations, "sim_end_s": end,
+            "time_per_iteration_s": now / iterations, "sim_end_s": now,
             "cost_per_iteration_usd": spot_usd / iterations, "ondemand_usd": 0.0, "spot_usd": spot_usd,
-            "ondemand_gpu_hours": 0.0, "spot_gpu_hours": billed_s / 3600.0,
-            "ondemand_idle_fraction": 0.0, "spot_idle_fraction": 1.0 - useful_s / billed_s if billed_s else 0.0,
-            "spot_lost_work_fraction": lost_s / billed_s if billed_s else None,
-            "preemptions": preemptions, "notices": 0, "regroups": 0, "cold_restarts": preemptions, "commits": 0,
-            "lost_gpu_s": lost_s, "restarts": preemptions, "redone_iterations": redone, "waiting_s": waiting,
-            "restarting_s": restarting, "restart_s": relaunch_s, "checkpoint_save_s": save_s,
+            "ondemand_gpu_hours": 0.0, "spot_gpu_hours": billed_s / 3600.0, "ondemand_idle_fraction": 0.0,
+            "spot_idle_fraction": 1.0 - iterations * iteration_s * gpus / billed_s if billed_s else 0.0,
+            "spot_lost_work_fraction": tally["lost_gpu_s"] / billed_s if billed_s else None,
+            "notices": 0, "regroups": 0, "cold_restarts": tally["preemptions"], "commits": 0,
+            "restarts": tally["preemptions"], **tally, "restart_s": relaunch_s, "checkpoint_save_s": save_s,
             "explored_seeds_per_iteration": 0.0, "mean_train_phase_s": 0.0, "train": None}

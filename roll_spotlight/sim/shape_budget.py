@@ -46,8 +46,7 @@ _EPS = 1e-9
 def exploration_budget(cost: CostModel, resolution: int, ondemand: int, spot: int, batch: int | None = None,
                        serial: bool = False) -> dict[str, Any]:
     """Explored seeds one iteration's training phase affords on ``spot`` GPUs (simulated cost model),
-    seeds explored ``batch`` at a time (None: the recipes' batch; ``serial``: one at a time, CFG
-    branches one after the other)."""
+    explored ``batch`` at a time (None: the recipes' batch) or ``serial``ly."""
     if ondemand < 1 or spot < 0:
         raise ValueError(f"exploration_budget: ondemand must be >= 1 and spot >= 0, got {ondemand}, {spot}")
     degree = cost.preferred_sp(resolution)

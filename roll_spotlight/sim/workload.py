@@ -86,9 +86,7 @@ class WorkerDurations:
     # ---- compute
     def denoise_step_s(self, degree: int = 1, cross_node: bool = False, batch: int = 1, *,
                        serial: bool = False) -> float:
-        """One denoising step of ``batch`` images, all CFG branches in one forward, on an SP group of
-        ``degree`` GPUs; ``serial``: one image with its CFG branches one after the other (the engine
-        before batching). See ``CostModel.step_s``."""
+        """One denoising step of ``batch`` images on an SP group of ``degree`` GPUs (``CostModel.step_s``)."""
         return self.cost.step_s(self.workload.resolution, degree, cross_node, batch, serial)
 
     def train_micro_batch_s(self, images: int | None = None) -> float:
