@@ -10,6 +10,7 @@ one pass over the spot feed, no event loop.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 from roll_spotlight.sim.costmodel import CostModel
@@ -33,32 +34,22 @@ def restart_s(cost: CostModel) -> float:
     return cost.cold_join_s() + cost.storage_s(checkpoint_bytes(cost))
 
 
-class _Capacity:
-    """The trace's spot nodes up at the current time, replayed forward in event order."""
-
-    def __init__(self, feed: SpotFeed) -> None:
-        self.events = [e for e in feed.events if e.kind is not EventKind.NOTICE]
-        self.cursor = 0
-        self.up: dict[str, str] = {}              # node -> zone, in the order they came up
-        self.down_at = {e.node_id: e.time_s for e in self.events if e.kind is EventKind.NODE_DOWN}
-
-    def advance(self, until: float) -> None:
-        while self.cursor < len(self.events) and self.events[self.cursor].time_s <= until:
-            event = self.events[self.cursor]
-            if event.kind is EventKind.NODE_UP:
-                self.up[event.node_id] = event.zone
-            else:
-                self.up.pop(event.node_id, None)
-            self.cursor += 1
-
-    def first_time_with(self, nodes: int, after: float) -> float | None:
-        """The earliest time >= ``after`` at which ``nodes`` nodes are up (None: never in the feed)."""
-        self.advance(after)
-        while len(self.up) < nodes:
-            if self.cursor >= len(self.events):
-                return None
-            self.advance(self.events[self.cursor].time_s)
-        return max(after, self.events[self.cursor - 1].time_s if self.cursor else after)
+def _capacity(feed: SpotFeed) -> tuple[list[float], list[dict[str, str]]]:
+    """The feed's event times and, at each, the spot nodes up once all its events applied (node ->
+    zone, in the order they came up), from time 0."""
+    times, ups, up = [0.0], [{}], {}
+    for e in feed.events:
+        if e.kind is EventKind.NOTICE:
+            continue
+        if e.kind is EventKind.NODE_UP:
+            up[e.node_id] = e.zone
+        else:
+            up.pop(e.node_id, None)
+        if e.time_s > times[-1]:
+            times.append(e.time_s)
+            ups.append({})
+        ups[-1] = dict(up)
+    return times, ups
 
 
 def simulate_managed_job(feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per_node: int, iteration_s: float,
@@ -71,21 +62,24 @@ def simulate_managed_job(feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per
         raise ValueError(f"managed job: gpus={gpus} must be a positive multiple of gpus_per_node={gpus_per_node}")
     if type(checkpoint_every) is not int or checkpoint_every < 1:
         raise ValueError(f"managed job: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-    capacity, ledger = _Capacity(feed), CostLedger(feed.prices)
+    (times, ups), ledger = _capacity(feed), CostLedger(feed.prices)
+    down_at = {e.node_id: e.time_s for e in feed.events if e.kind is EventKind.NODE_DOWN}
     tally = {"preemptions": 0, "lost_gpu_s": 0.0, "redone_iterations": 0, "waiting_s": 0.0, "restarting_s": 0.0}
     saved, now = 0, 0.0
     save_s, relaunch_s = cost.storage_s(checkpoint_bytes(cost)), restart_s(cost)
     while True:
-        granted = capacity.first_time_with(gpus // gpus_per_node, now)
+        at = next((i for i in range(bisect.bisect_right(times, now) - 1, len(times))
+                   if len(ups[i]) >= gpus // gpus_per_node), None)
+        granted = None if at is None else max(now, times[at])
         if granted is None or granted > max_sim_s:
             raise RuntimeError(f"{MANAGED_SPOT}: {saved} of {iterations} iterations done when the feed ran out of "
                                f"{gpus} spot GPUs (t={now:.0f} s)")
         tally["waiting_s"] += granted - now
-        held = list(capacity.up.items())[:gpus // gpus_per_node]
+        held = list(ups[at].items())[:gpus // gpus_per_node]
         for node, zone in held:
             ledger.start(node, f"spot/{zone}", granted, gpus=gpus_per_node)
         start = granted + (relaunch_s if granted > 0 else 0.0)   # nodes up at 0: started, like vanilla
-        down = min(capacity.down_at.get(node, math.inf) for node, _ in held)
+        down = min(down_at.get(node, math.inf) for node, _ in held)
         tally["restarting_s"] += min(start, down) - granted
         finish = start + (iterations - saved) * iteration_s
         now = finish if finish <= down else max(down, granted)
@@ -101,7 +95,6 @@ def simulate_managed_job(feed: SpotFeed, cost: CostModel, *, gpus: int, gpus_per
         tally["redone_iterations"] += done - kept
         tally["preemptions"] += 1
         saved += kept
-        capacity.advance(now)
     report = ledger.report(now=now)
     spot_usd = sum(p.usd for p in report.pools)
     billed_s = sum(p.gpu_hours for p in report.pools) * 3600.0
