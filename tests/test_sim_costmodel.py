@@ -1,7 +1,7 @@
 """Tier 1: the cost model's constants carry sources, and derived times follow the formulas."""
 import pytest
 
-from roll_spotlight.sim.costmodel import CONSTANTS, PUBLISHED_CALIBRATION, CostModel
+from roll_spotlight.sim.costmodel import CONSTANTS, PUBLISHED_CALIBRATION, CostModel, forward_time_s
 from roll_spotlight.sim.gpus import GPUS
 
 
@@ -42,8 +42,12 @@ def test_sp_degree_divides_time_with_an_efficiency_below_one():
     assert cost.rollout_s(512) == pytest.approx(cost.sampling_steps * cost.step_s(512, 1))
     assert cost.rollout_s(512, batch=4, serial=False) == pytest.approx(cost.sampling_steps * cost.step_s(512, batch=4))
     # the step is one forward of batch x CFG rows; serial: CFG forwards of one row each
-    assert cost.step_s(512, batch=3) == pytest.approx(cost.forward_s(512, 6))
-    assert cost.step_s(512, serial=True) == pytest.approx(2 * cost.forward_s(512, 1))
+    def forward_s(rows):
+        return forward_time_s(rows * cost.forward_flops(512), cost.rollout_floor_s, 989e12 * cost.rollout_mfu,
+                              cost.batch_knee_p)
+
+    assert cost.step_s(512, batch=3) == pytest.approx(forward_s(6))
+    assert cost.step_s(512, serial=True) == pytest.approx(2 * forward_s(1))
     with pytest.raises(AssertionError):
         cost.step_s(512, batch=2, serial=True)
 
@@ -133,7 +137,6 @@ def test_calibration_reproduces_the_measured_step_times(tmp_path):
 def test_a_batch_sweep_gives_the_floor_and_the_saturated_mfu(tmp_path):
     import json
 
-    from roll_spotlight.sim.costmodel import forward_time_s
 
     truth = {"rollout_floor_s": 0.05, "rollout_mfu": 0.5}
     model = CostModel().with_overrides(truth)

@@ -436,8 +436,7 @@ def format_memory_plan(plan: MemoryPlan) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m roll_spotlight.models.memory_plan [--resolution 1280] [--gpu-memory-gb 80] [--full-finetune]
-    [--rollout-batch B] [--sp-degree D]``: the table per resolution, the largest rollout batch that fits."""
+    """``python -m roll_spotlight.models.memory_plan [--resolution 1280] [--gpu-memory-gb 80] [--rollout-batch 16]``"""
     import argparse
 
     parser = argparse.ArgumentParser(description="Memory plan per role for Qwen-Image (GiB).")
@@ -449,11 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-finetune", action="store_true")
     parser.add_argument("--no-cfg", action="store_true")
     parser.add_argument("--rollout-batch", type=int, default=1, help="images denoised together (sampling.max_batch)")
-    parser.add_argument("--sp-degree", type=int, default=None, help="rollout SP degree (default 1 at 512, 4 at 1280)")
     args = parser.parse_args(argv)
     config = transformer_config_from_dir(args.config) if args.config else None
     for res in args.resolution or [512, 1280]:
-        degree = args.sp_degree or (4 if res >= 1024 else 1)
+        degree = 4 if res >= 1024 else 1   # the recipes' rollout SP degree
         plan = memory_plan(config, height=res, width=res, gpu_memory_gb=args.gpu_memory_gb,
                            micro_batch=args.micro_batch, text_tokens=args.text_tokens, cfg=not args.no_cfg,
                            lora_rank=None if args.full_finetune else FLOW_GRPO_LORA_RANK,

@@ -266,13 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-s", type=float, default=0.0, help="trace seconds after the ramp to start at")
     parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                         help=f"comma-separated subset of {sorted(SYSTEMS)}")
-    parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
+    parser.add_argument("--cost", type=Path, default=None,
+                        help="JSON file of cost-model overrides (e.g. the rollout batch: max_batch_512)")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
-    parser.add_argument("--max-batch", type=int, default=None,
-                        help="requests a worker denoises together (default: the recipes' sampling.max_batch)")
-    parser.add_argument("--serial-rollout", action="store_true",
-                        help="one request at a time, CFG branches one after the other (the engine before batching)")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")
     parser.add_argument("--fair-cost", action="store_true",
                         help="also simulate vanilla on the on-demand GPUs each spot baseline's dollars buy "
@@ -313,15 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.fair_cost and not any(get_baseline(b).uses_spot for b in baselines if b in BASELINES):
             sys.stderr.write("spotlight simulate: error: --fair-cost needs a spot baseline among --baselines\n")
             return 2
-        if args.max_batch is not None and (args.max_batch < 1 or args.serial_rollout):
-            sys.stderr.write(f"spotlight simulate: error: --max-batch {args.max_batch}: must be >= 1 and "
-                             "cannot go with --serial-rollout\n")
-            return 2
         result = simulate(args.trace, resolution=args.resolution, ondemand=args.ondemand, spot=args.spot,
                           iterations=args.iterations, baselines=baselines,
                           seed=args.seed, cost_model=cost, timeline=args.timeline,
                           start_s=args.start_s, zones=args.zone, spot_host_gpus=args.spot_host_gpus,
-                          fair_cost=args.fair_cost, max_batch=args.max_batch, serial_rollout=args.serial_rollout)
+                          fair_cost=args.fair_cost)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")

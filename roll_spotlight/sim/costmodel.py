@@ -46,8 +46,6 @@ SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransforme
 VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
 SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
                          "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
-SOURCE_SGLANG = ("sgl-project/sglang PR #22183 (comment 2026-04-10, 'Batch Size Benchmark: Image Generation "
-                 "Models on H200'): Qwen-Image-2512, 50 steps, guidance 4.0, torch.compile, no offload")
 SOURCE_VERL_OMNI_BATCHING = (f"{VERL_OMNI} docs/start/rollout_batching.md, 'Expected performance': Qwen-Image "
                              "LoRA, 32x16, 512^2, serial (max_num_seqs=1) 226.4 s vs request-level "
                              "(max_num_seqs=32) 107.9 s generation per step")
@@ -86,8 +84,9 @@ CONSTANTS: dict[str, Constant] = {
                             "H800 and the same fraction of every GPU's peak"),
     "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward", "fitted with rollout_mfu: the least "
                                 f"a forward takes, however few rows, in {SOURCE_VERL_OMNI_BATCHING} (every GPU alike)"),
-    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent", f"fitted to {SOURCE_SGLANG}: time per step at "
-                                                        "batch 1-16 (512^2) and 1-3 (1024^2)"),
+    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent", "fitted to sgl-project/sglang PR #22183 (comment "
+                             "2026-04-10, Qwen-Image-2512 on one H200, guidance 4.0): time per step at batch "
+                             "1-16 (512^2) and 1-3 (1024^2)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
                           f"calibrated: {SOURCE_VERL_OMNI_PERF}; the simulator's vanilla of that run (serial "
                           "rollouts, offloads and weight sync apart) takes the published 420 s; its full-"
@@ -319,21 +318,15 @@ class CostModel:
         overhead = self.sp_overhead_per_rank * (self.sp_cross_node_factor if cross_node else 1.0)
         return 1.0 / (1.0 + overhead * (degree - 1))
 
-    def forward_s(self, resolution: int, rows: int = 1, degree: int = 1, cross_node: bool = False) -> float:
-        """One transformer forward of ``rows`` rows on an SP group of ``degree`` GPUs."""
-        assert degree >= 1 and rows >= 1, (degree, rows)
-        flops = rows * self.forward_flops(resolution) / (degree * self.sp_efficiency(degree, cross_node))
-        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu
-        return forward_time_s(flops, self.rollout_floor_s, rate, self.batch_knee_p)
-
     def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False, batch: int = 1,
                serial: bool = False) -> float:
         """One denoising step of ``batch`` images, both CFG branches in one forward, on an SP group of
         ``degree`` GPUs; ``serial``: one image, the branches one after the other (batch 1 before)."""
-        assert not (serial and batch != 1), "a serial step is one image"
-        if serial:
-            return self.cfg_forwards * self.forward_s(resolution, 1, degree, cross_node)
-        return self.forward_s(resolution, batch * int(self.cfg_forwards), degree, cross_node)
+        assert degree >= 1 and batch >= 1 and not (serial and batch != 1), (degree, batch, serial)
+        rows, forwards = (1, self.cfg_forwards) if serial else (batch * int(self.cfg_forwards), 1)
+        flops = rows * self.forward_flops(resolution) / (degree * self.sp_efficiency(degree, cross_node))
+        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu
+        return forwards * forward_time_s(flops, self.rollout_floor_s, rate, self.batch_knee_p)
 
     def rollout_s(self, resolution: int, degree: int = 1, steps: int | None = None,
                   cross_node: bool = False, batch: int = 1, serial: bool = False) -> float:
@@ -499,7 +492,7 @@ def _calibration(base: CostModel, path: str | Path, resolution: int | None,
 
 def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float,
                    sweep: Mapping[str, Any]) -> tuple[dict[str, float], bool]:
-    """``rollout_mfu`` and ``rollout_floor_s`` (see :func:`load_calibration`), and whether the sweep gave them."""
+    """The rollout curve's constants (:func:`load_calibration`) and whether the sweep gave them."""
     ran = {int(b): float(m["median_s"]) for b, m in sweep.items()
            if isinstance(m, Mapping) and not m.get("oom") and m.get("median_s") and int(b) > 1}
     batch, cfg = max(ran, default=1), int(model.cfg_forwards)
@@ -507,14 +500,13 @@ def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float,
                            model.batch_knee_p)
     if found is not None:
         return {"rollout_mfu": found[1] / (model.gpu_peak_tflops * 1e12), "rollout_floor_s": found[0]}, True
-    # no sweep, or timings that admit no floor (noise on a tiny model): the fitted shape, stretched
     stretch = serial_step_s / model.step_s(resolution, serial=True)
     return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch}, False
 
 
 def forward_time_s(flops, floor_s: float, rate: float, p: float):
-    """Seconds of a forward of ``flops`` (a float, or a numpy array in the fit) on one GPU:
-    the ``floor_s`` below the knee, ``flops / rate`` above it, ``p`` how sharp the knee is."""
+    """Seconds of a forward of ``flops`` (float or array) on one GPU: ``floor_s`` below the knee, ``flops /
+    rate`` above it, ``p`` how sharp the knee is."""
     return (floor_s ** p + (flops / rate) ** p) ** (1.0 / p)
 
 

@@ -125,15 +125,10 @@ class BatchRun:
     """Requests one worker denoises together from ``start``, a step of all rows in ``step_s``; row i
     starts at step ``first_steps[i]`` (resumed) and all report when the last finishes (no refill)."""
 
-    run_id: int
     leases: list[Lease]
     start: float
     step_s: float
     first_steps: list[int]
-
-    @property
-    def kind(self) -> RequestKind:
-        return self.leases[0].request.kind
 
     @property
     def steps(self) -> int:
@@ -141,9 +136,6 @@ class BatchRun:
 
     def boundary(self, steps_done: int) -> float:
         return self.start + steps_done * self.step_s
-
-    def steps_done_by(self, t: float) -> int:
-        return math.floor((t - self.start) / self.step_s + 1e-9)
 
 
 @dataclass
@@ -236,7 +228,6 @@ class ClusterSimulation:
         self.workers: dict[str, SimWorker] = {}
         self.spot_plan: Plan | None = None
         self._next_wid = 0
-        self._next_run = 0
         self._restarting: dict[Member, float] = {}
         self._deadline: dict[Member, float] = {}
         self._reward_slots = [0.0] * int(cost.reward_workers)
@@ -436,9 +427,11 @@ class ClusterSimulation:
         prompts = self._new_prompts(int(self.cost.prompts_per_iteration))
         reserve = self._new_prompts(int(self.cost.prompts_per_iteration))
         degree = self.cost.preferred_sp(self.config.resolution)
+        batch = self.config.batch_of(self.cost, degree)   # a seed's price: one image of a full batch
+        per_seed_s = self.cost.rollout_s(self.config.resolution, degree, int(self.cost.explore_steps), batch=batch,
+                                         serial=self.config.serial_rollout) / batch
         config = PlannerConfig(group_size=int(self.cost.group_size), seeds_per_pull=self.config.seeds_per_pull,
-                               predicted_train_s=train_s, spot_workers=len(workers),
-                               per_seed_s=self._per_image_rollout_s(degree, int(self.cost.explore_steps)),
+                               predicted_train_s=train_s, spot_workers=len(workers), per_seed_s=per_seed_s,
                                base_seed=self.config.seed)
         self._planner = BanditPlanner(config, prompts, reserve, start_s=self.loop.now)
         self.queue.set_source(_PlannerSource(self))
@@ -455,7 +448,7 @@ class ClusterSimulation:
         self.queue.set_source(None)
         self.queue.cancel(RequestKind.EXPLORE)
         for w in self._workers_of(GpuKind.SPOT):
-            if w.run is not None and w.run.kind is RequestKind.EXPLORE:
+            if w.run is not None and w.run.leases[0].request.kind is RequestKind.EXPLORE:
                 self._abort_run(w)
         planner, self._planner = self._planner, None
         assert planner is not None
@@ -531,24 +524,18 @@ class ClusterSimulation:
         return self.cost.step_s(self.config.resolution, w.group.degree, w.cross_node, batch,
                                 serial=self.config.serial_rollout)
 
-    def _per_image_rollout_s(self, degree: int, steps: int) -> float:
-        """Seconds one image of a full batch costs its SP group (the planner's price of a seed)."""
-        batch = self.config.batch_of(self.cost, degree)
-        return self.cost.rollout_s(self.config.resolution, degree, steps, batch=batch,
-                                   serial=self.config.serial_rollout) / batch
-
     def _start_run(self, w: SimWorker, leases: list[Lease]) -> None:
         first = [lease.resume.step_index if lease.resume is not None else 0 for lease in leases]
-        self._next_run += 1
-        w.run = BatchRun(self._next_run, leases, self.loop.now, self._step_s(w, len(leases)), first)
-        w.done_event = self.loop.after(w.run.steps * w.run.step_s, self._on_run_done, w.wid, w.run.run_id)
-        self._set_phase(w.members, Phase.ROLLOUT if w.run.kind is RequestKind.ROLLOUT else Phase.EXPLORE)
+        w.run = BatchRun(leases, self.loop.now, self._step_s(w, len(leases)), first)
+        w.done_event = self.loop.after(w.run.steps * w.run.step_s, self._on_run_done, w.wid, w.run)
+        rollout = leases[0].request.kind is RequestKind.ROLLOUT
+        self._set_phase(w.members, Phase.ROLLOUT if rollout else Phase.EXPLORE)
 
-    def _on_run_done(self, wid: str, run_id: int) -> None:
+    def _on_run_done(self, wid: str, run: BatchRun) -> None:
         w = self.workers.get(wid)
-        if w is None or w.run is None or w.run.run_id != run_id:
+        if w is None or w.run is not run:
             return
-        run, duration = w.run, self.loop.now - w.run.start
+        duration = self.loop.now - run.start
         if w.commit_event is not None:
             w.commit_event.cancel()
         w.run, w.done_event, w.commit_event = None, None, None
@@ -680,7 +667,7 @@ class ClusterSimulation:
         # the last step boundary strictly before the deadline (at the deadline the node is gone)
         steps_by_deadline = math.ceil((deadline - run.start) / run.step_s - 1e-9) - 1
         at = max(self.loop.now, run.boundary(steps_by_deadline))
-        self._schedule_commit(w, at, run.steps_done_by(at))
+        self._schedule_commit(w, at, math.floor((at - run.start) / run.step_s + 1e-9))
 
     def _schedule_commit(self, w: SimWorker, at: float, steps_done: int) -> None:
         assert w.run is not None
@@ -688,14 +675,13 @@ class ClusterSimulation:
             return
         if w.commit_event is not None:
             w.commit_event.cancel()
-        w.commit_event = self.loop.schedule(at, self._on_commit, w.wid, w.run.run_id, steps_done)
+        w.commit_event = self.loop.schedule(at, self._on_commit, w.wid, w.run, steps_done)
 
-    def _on_commit(self, wid: str, run_id: int, steps_done: int) -> None:
+    def _on_commit(self, wid: str, run: BatchRun, steps_done: int) -> None:
         """Every row of the batch is committed at its own step (a row already finished completes)."""
         w = self.workers.get(wid)
-        if w is None or w.run is None or w.run.run_id != run_id:
+        if w is None or w.run is not run:
             return
-        run = w.run
         self._lost_gpu_s += (self.loop.now - run.boundary(steps_done)) * w.group.degree
         for lease, first in zip(run.leases, run.first_steps):
             request = lease.request
