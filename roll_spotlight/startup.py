@@ -208,18 +208,6 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
                           vae_params=0, text_encoder_params=0)
 
 
-def batch_summary(cfg, plan) -> str:
-    """One line: the largest ``sampling.max_batch`` the memory plan fits on the run's GPU
-    (``model.gpu_memory_gb``, else an 80 GiB H100 as an example)."""
-    from roll_spotlight.models.memory_plan import largest_batch
-
-    limit = cfg.model.gpu_memory_gb
-    where = f"model.gpu_memory_gb={limit:g}" if limit else "80 GiB (an H100; model.gpu_memory_gb unset)"
-    most = largest_batch(plan, "rollout", limit or 80.0)
-    return (f"sampling.max_batch={cfg.sampling.max_batch}; the largest that fits {where}: {most}"
-            f"{'' if most >= cfg.sampling.max_batch else ' (too small: lower sampling.max_batch)'}")
-
-
 def check_prompt_files(cfg) -> None:
     """Both prompt files parse (errors name file and line); an OCR reward needs a quoted target
     in every prompt."""

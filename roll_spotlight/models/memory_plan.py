@@ -345,9 +345,6 @@ def memory_plan(transformer_config: Mapping[str, Any] | None = None, settings: P
 
 
 # ------------------------------------------------------------------------------------ fit check
-BATCH_KEYS = {"rollout": "rollout_batch", "explorer": "explore_batch"}
-
-
 def largest_batch(plan: MemoryPlan, role: str = "rollout", gpu_memory_gb: float | None = None,
                   most: int = 4096) -> int:
     """The most images ``role`` (rollout or explorer) can denoise together within ``gpu_memory_gb``
@@ -357,7 +354,8 @@ def largest_batch(plan: MemoryPlan, role: str = "rollout", gpu_memory_gb: float 
     lo, hi = 0, most
     while lo < hi:                       # the plan grows with the batch: the last batch that fits
         mid = (lo + hi + 1) // 2
-        fits = memory_plan(plan.transformer_config, plan.settings, **{BATCH_KEYS[role]: mid}).total_gib(role) <= limit
+        key = "rollout_batch" if role == "rollout" else "explore_batch"
+        fits = memory_plan(plan.transformer_config, plan.settings, **{key: mid}).total_gib(role) <= limit
         lo, hi = (mid, hi) if fits else (lo, mid - 1)
     return lo
 
@@ -377,7 +375,7 @@ def _alternatives(plan: MemoryPlan, role: str) -> Iterator[tuple[str, dict[str, 
             if shards > s.fsdp_shards:
                 yield f"FSDP over {shards} data-parallel ranks", {"fsdp_shards": shards}
     else:
-        key = BATCH_KEYS[role]
+        key = "rollout_batch" if role == "rollout" else "explore_batch"
         if getattr(s, key) > 1 and (batch := largest_batch(plan, role)) >= 1:
             yield f"sampling.max_batch={batch}", {key: batch}
         if s.cfg and s.cfg_batched:

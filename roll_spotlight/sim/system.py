@@ -2,11 +2,9 @@
 
 The policies are the runtime's own, imported: ``RequestQueue`` (dispatch), ``plan_groups``
 (elastic SP), ``BanditPlanner`` and ``select_max_variance`` (exploration). What is simulated is
-only time: a worker leases up to ``max_batch`` requests and denoises them together, each step
-``CostModel.step_s`` of that batch on its SP group; training costs
-``CostModel.train_s`` (or, with spot training, micro-batches through the queue: ``training``),
-restarts and joins cost what the cost model says. Explored rewards are synthetic
-(``rewards.SyntheticRewards``).
+only time: a worker denoises up to ``max_batch`` requests together, each step ``CostModel.step_s``;
+training ``CostModel.train_s`` (or, with spot training, micro-batches through the queue); restarts
+and joins cost what the cost model says. Explored rewards are synthetic (``SyntheticRewards``).
 
 One iteration (docs/design.md section 3)::
 
@@ -68,9 +66,8 @@ class SimConfig:
     iteration's rollouts are scored after the last one, on ``reward_workers`` slots, while the
     on-demand GPUs are in phase REWARD; by default reward servers score each image as it completes.
 
-    ``max_batch``: requests of one kind a worker denoises together (``CostModel.step_s``; None: the
-    recipes' batch). ``serial_rollout``: one request at a time, CFG branches one after the other
-    (the engine before batching, and verl-omni's published runs).
+    ``max_batch``: requests a worker denoises together (None: the recipes'); ``serial_rollout``: one at
+    a time, CFG branches one after the other (the engine before batching; verl-omni's published runs).
     """
 
     resolution: int
@@ -916,7 +913,6 @@ class _PlannerSource:
         self.sim = sim
 
     def next_requests(self, worker: str, n: int) -> list[RequestSpec]:
-        """Pulls until ``n`` seeds (a worker's batch) or the planner has none."""
         planner = self.sim._planner
         specs: list[RequestSpec] = []
         while planner is not None and len(specs) < n:
