@@ -103,9 +103,8 @@ def _check_only(cfg, args) -> int:
     print(f"memory plan ({cfg.model.preset}, {cfg.model.image_size}x{cfg.model.image_size}, estimates):")
     print(format_memory_plan(plan))
     gib, batch = cfg.model.gpu_memory_gb, cfg.sampling.max_batch
-    most = largest_batch(plan, "rollout", gib or 80.0)
-    print(f"sampling.max_batch={batch}; the largest that fits "
-          f"{f'model.gpu_memory_gb={gib:g}' if gib else '80 GiB (an H100; model.gpu_memory_gb unset)'}: {most}"
+    most, gpu = largest_batch(plan, "rollout", gib or 80.0), f"model.gpu_memory_gb={gib:g}" if gib else "80 GiB"
+    print(f"sampling.max_batch={batch}; the largest that fits {gpu}: {most}"
           f"{'' if most >= batch else ' (too small: lower sampling.max_batch)'}")
     check_startup(cfg, _placement(args))
     check_memory_plan(plan)

@@ -200,10 +200,10 @@ def test_command_line_prints_tables_and_fit_errors(tmp_path, tiny_config, capsys
     out = capsys.readouterr().out
     assert "Memory plan: 64x64, 16 image + 8 text tokens" in out
     assert "model.gpu_memory_gb=1" in out  # the 2 GiB runtime overhead alone does not fit 1 GiB
-    assert "largest rollout batch that fits 1 GiB at 64x64, SP degree 1: 0" in out
+    assert "largest rollout batch (sampling.max_batch) that fits 1 GiB at SP 1: 0" in out
     assert main(["--resolution", "512", "--rollout-batch", "16"]) == 0
     out = capsys.readouterr().out
-    assert "rollout batch 16, CFG on (batched)" in out and "largest rollout batch that fits 80 GiB at 512x512" in out
+    assert "rollout batch 16, CFG on (batched)" in out and "largest rollout batch (sampling.max_batch) that fits 80 GiB at SP 1: 99" in out
 
 
 def test_pixel_space_tiny_dit_has_no_vae():

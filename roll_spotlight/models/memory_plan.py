@@ -456,9 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                            rollout_batch=args.rollout_batch, explore_batch=args.rollout_batch,
                            cfg_batched=not args.no_cfg, sp_degree=degree)
         print(format_memory_plan(plan))
-        limit = args.gpu_memory_gb if args.gpu_memory_gb is not None else 80.0
-        print(f"largest rollout batch that fits {limit:g} GiB at {res}x{res}, SP degree {degree}: "
-              f"{largest_batch(plan, 'rollout', limit)} (sampling.max_batch)\n")
+        print(f"largest rollout batch (sampling.max_batch) that fits {args.gpu_memory_gb or 80.0:g} GiB at SP "
+              f"{degree}: {largest_batch(plan, 'rollout', args.gpu_memory_gb or 80.0)}\n")
         for error in fit_errors(plan):
             print(error)
     return 0

@@ -309,8 +309,7 @@ class CostModel:
     def preferred_sp(self, resolution: int) -> int:
         return int(self.preferred_sp_1280 if resolution >= 1024 else self.preferred_sp_512)
 
-    def max_batch(self, resolution: int) -> int:
-        """Images a worker denoises together in the recipes at ``resolution``."""
+    def max_batch(self, resolution: int) -> int:   # the recipes' sampling.max_batch
         return int(self.max_batch_1280 if resolution >= 1024 else self.max_batch_512)
 
     # ---- compute phases ----------------------------------------------------------------------

@@ -45,8 +45,7 @@ _EPS = 1e-9
 
 def exploration_budget(cost: CostModel, resolution: int, ondemand: int, spot: int, batch: int | None = None,
                        serial: bool = False) -> dict[str, Any]:
-    """Explored seeds one iteration's training phase affords on ``spot`` GPUs (simulated cost model),
-    explored ``batch`` at a time (None: the recipes' batch) or ``serial``ly."""
+    """Explored seeds (``batch`` at a time) one iteration's training phase affords on ``spot`` GPUs."""
     if ondemand < 1 or spot < 0:
         raise ValueError(f"exploration_budget: ondemand must be >= 1 and spot >= 0, got {ondemand}, {spot}")
     degree = cost.preferred_sp(resolution)

@@ -103,8 +103,7 @@ class SimConfig:
                              f"got {self.max_batch!r}")
 
     def batch_of(self, cost: CostModel, degree: int | None = None) -> int:
-        """Most requests an SP group of ``degree`` GPUs denoises together: ``max_batch`` at the
-        preferred degree, proportionally fewer on a smaller group (less memory), at least one."""
+        """Requests an SP group of ``degree`` GPUs denoises together: fewer on a smaller group (memory)."""
         if self.serial_rollout:
             return 1
         batch = self.max_batch if self.max_batch is not None else cost.max_batch(self.resolution)
