@@ -127,6 +127,11 @@ def _prompt_files(folder: Path) -> Path:
     return folder / "prompts"
 
 
+# The emulated workers denoise one request at a time, CFG branches one after the other
+# (`worker.emulated`); the simulator beside them runs the same mode.
+EMULATED_SERIAL = True
+
+
 def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
     """The trace second the window starts at: the first at which the capped spot fleet is full and
     after which a node gets its notice and goes during the steady iterations (the simulator's span
@@ -138,7 +143,8 @@ def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
     span = simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=("spotlight_train",), seed=cfg.seed,
                     cost_model=row_cost_model(cfg, row), gpus_per_spot_node=GPUS_PER_SPOT_NODE,
-                    spot_host_gpus=GPUS_PER_SPOT_NODE)["baselines"]["spotlight_train"]["sim_end_s"]
+                    spot_host_gpus=GPUS_PER_SPOT_NODE,
+                    serial_rollout=EMULATED_SERIAL)["baselines"]["spotlight_train"]["sim_end_s"]
     cap = row.spot // GPUS_PER_SPOT_NODE
     market = SpotMarket(trace, MarketConfig(cap_nodes=cap, seed=cfg.seed))
     first = span / cfg.iterations + market.notice_s  # the notice, too, after the first iteration
@@ -167,7 +173,7 @@ def simulated(trace, row: Row, cfg: EmulateBenchConfig, window: float) -> dict:
     return simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=cfg.systems, seed=cfg.seed, cost_model=row_cost_model(cfg, row),
                     start_s=window, skip_ramp=False, gpus_per_spot_node=GPUS_PER_SPOT_NODE,
-                    spot_host_gpus=GPUS_PER_SPOT_NODE)
+                    spot_host_gpus=GPUS_PER_SPOT_NODE, serial_rollout=EMULATED_SERIAL)
 
 
 def run_config(cfg: EmulateBenchConfig, row: Row, system: str, prompts: Path, window: float):

@@ -15,9 +15,13 @@ One command (under 8 minutes on one H200; nothing is downloaded):
    (b) one training micro-step: the same guided velocity with grad (cond and negative batched, as
        flow_grpo's training log-prob does), gradient checkpointing, backward through the LoRA
        parameters; then (timed apart) one AdamW step;
-   (c) the peak of ``torch.cuda.max_memory_allocated`` during each (null on CPU);
+   (c) the batch sweep: one guided step of B images with both CFG branches in one forward (2B
+       rows), for each B of ``--batches`` (default 1-32 at 512 and below, 1-8 above), stopping at
+       the first B that runs out of memory; the per-sample time is the step over B (the rollout
+       cost per image against batch that the cost model's curve describes);
+   (d) the peak of ``torch.cuda.max_memory_allocated`` during each (null on CPU);
    medians over ``--repeats`` after ``--warmup`` untimed runs;
-4. (d) runs ``pytest -m gpu tests/`` and records the counts.
+4. (e) runs ``pytest -m gpu tests/`` and records the counts.
 
 The JSON (schema ``roll_spotlight.gpu_check/1``) is what ``CostModel.load_calibration`` reads.
 ``--tiny`` runs the same code on a tiny config at small resolutions, so CI checks the script on CPU.
@@ -70,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text-tokens", type=int, default=128, help="text tokens per prompt (cost model's assumption)")
     p.add_argument("--guidance-scale", type=float, default=4.0, help="true CFG scale (flow_grpo: 4)")
     p.add_argument("--attention-backend", default="native", help="model.attention_backend to run with")
+    p.add_argument("--batches", default=None,
+                   help="comma-separated batch sizes of the sweep (default: 1,2,4,8,16,32 up to 512 pixels, "
+                        "1,2,4,8 above; tiny 1,2,4); '' skips it")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tests", default="tests/", help="pytest path(s) for the gpu-marked tests; '' skips them")
@@ -83,7 +90,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--resolutions must be multiples of 16, got {args.resolutions}")
     if args.repeats < 1 or args.warmup < 0:
         p.error("--repeats must be >= 1 and --warmup >= 0")
+    try:
+        args.batches = None if args.batches is None else [int(b) for b in str(args.batches).split(",") if b]
+    except ValueError:
+        p.error(f"--batches must be comma-separated integers, got {args.batches!r}")
+    if args.batches is not None and any(b < 1 for b in args.batches):
+        p.error(f"--batches must be >= 1, got {args.batches}")
     return args
+
+
+def sweep_batches(args: argparse.Namespace, resolution: int) -> list[int]:
+    """The batch sizes swept at ``resolution`` (``--batches``, or the default for its size)."""
+    if args.batches is not None:
+        return sorted(set(args.batches))
+    if args.tiny:
+        return [1, 2, 4]
+    return [1, 2, 4, 8, 16, 32] if resolution <= 512 else [1, 2, 4, 8]
 
 
 # ------------------------------------------------------------------------------------ model
@@ -169,16 +191,49 @@ def measure(fn: Callable[[], None], device, warmup: int, repeats: int) -> dict[s
     return {"median_s": statistics.median(times), "times_s": times, "peak_gib": peak}
 
 
+def step_inputs(config, args, resolution: int, batch: int, device, dtype) -> tuple:
+    """Random latents, text embeddings (cond, negative), timesteps and image shapes of ``batch`` images."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(args.seed + resolution + 7919 * batch)
+    grid = resolution // (8 * config["patch_size"])
+    latents = torch.randn(batch, grid * grid, config["in_channels"], generator=gen, device=device).to(dtype)
+    cond = torch.randn(batch, args.text_tokens, config["joint_attention_dim"], generator=gen, device=device).to(dtype)
+    timestep = torch.full((batch,), 0.6, device=device, dtype=dtype)
+    return latents, cond, torch.randn_like(cond), timestep, [[(1, grid, grid)]] * batch
+
+
+def batch_sweep(model, config, args, resolution: int, device, dtype) -> dict[str, Any]:
+    """Per batch size: one guided step of ``batch`` images, both CFG branches in one forward (no grad);
+    ``per_sample_s`` = median / batch. Stops at the first batch that runs out of device memory."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for batch in sweep_batches(args, resolution):
+        latents, cond, negative, timestep, img_shapes = step_inputs(config, args, resolution, batch, device, dtype)
+
+        def step() -> None:
+            with torch.no_grad():
+                guided_velocity(model, latents, cond, negative, timestep, img_shapes, args.guidance_scale,
+                                batched=True)
+        try:
+            m = measure(step, device, args.warmup, args.repeats)
+        except torch.cuda.OutOfMemoryError:
+            out[str(batch)] = {"oom": True}
+            break
+        finally:
+            del latents, cond, negative, timestep
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+        out[str(batch)] = {**m, "oom": False, "rows": 2 * batch, "per_sample_s": m["median_s"] / batch}
+    return out
+
+
 def run_resolution(model, params, config, args, resolution: int, device, dtype, optimizer) -> dict[str, Any]:
     import torch
 
-    gen = torch.Generator(device=device).manual_seed(args.seed + resolution)
+    latents, cond, negative, timestep, img_shapes = step_inputs(config, args, resolution, 1, device, dtype)
     grid = resolution // (8 * config["patch_size"])
-    img_shapes = [[(1, grid, grid)]]
-    latents = torch.randn(1, grid * grid, config["in_channels"], generator=gen, device=device).to(dtype)
-    cond = torch.randn(1, args.text_tokens, config["joint_attention_dim"], generator=gen, device=device).to(dtype)
-    negative = torch.randn_like(cond)
-    timestep = torch.tensor([0.6], device=device, dtype=dtype)
 
     def guided_step() -> None:
         with torch.no_grad():
@@ -194,7 +249,8 @@ def run_resolution(model, params, config, args, resolution: int, device, dtype, 
         optimizer.zero_grad(set_to_none=False)
 
     model.eval()
-    out = {"image_tokens": grid * grid, "guided_step": measure(guided_step, device, args.warmup, args.repeats)}
+    out = {"image_tokens": grid * grid, "guided_step": measure(guided_step, device, args.warmup, args.repeats),
+           "batch_sweep": batch_sweep(model, config, args, resolution, device, dtype)}
     model.train()
     train_micro_step()  # gradients exist, so the first AdamW step allocates its states before timing
     optimizer_step()
@@ -293,6 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "attention_backend": backend.name, "text_tokens": args.text_tokens,
             "guidance_scale": args.guidance_scale, "gradient_checkpointing": True, "micro_batch": 1,
             "guided_step": "two forwards (cond, negative), no grad",
+            "batch_sweep": "one forward of 2B rows (B images, cond and negative), no grad; per_sample_s = step / B",
             "train_micro_step": "one batched cond+negative forward with grad, backward; AdamW step apart",
             "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
         },
@@ -319,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         peak = lambda phase: "-" if r[phase]["peak_gib"] is None else f"{r[phase]['peak_gib']:.1f} GiB"  # noqa: E731
         print(f"{res}x{res}: guided step {r['guided_step']['median_s']:.3f} s (peak {peak('guided_step')}), "
               f"train micro-step {r['train_micro_step']['median_s']:.3f} s (peak {peak('train_micro_step')})")
+        sweep = ", ".join("OOM" if m["oom"] else f"B={b}: {m['per_sample_s']:.4f} s/sample"
+                          for b, m in r["batch_sweep"].items())
+        print(f"  batch sweep (one guided step, CFG in one forward): {sweep or 'skipped'}")
     tests = result["gpu_tests"]
     if tests.get("ran"):
         print(f"gpu tests: {tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped, "

@@ -96,13 +96,17 @@ def _placement(args) -> WorkerPlacement:
 
 def _check_only(cfg, args) -> int:
     """`--check`: every start-up check, nothing built or written; prints what the run would be."""
-    from roll_spotlight.models.memory_plan import check_memory_plan, format_memory_plan
+    from roll_spotlight.models.memory_plan import check_memory_plan, format_memory_plan, largest_batch
     from roll_spotlight.startup import check_startup, memory_plan_of
 
-    check_startup(cfg, _placement(args))
-    plan = memory_plan_of(cfg, _placement(args))
+    plan = memory_plan_of(cfg, _placement(args))   # from the config alone: shown even if a check fails below
     print(f"memory plan ({cfg.model.preset}, {cfg.model.image_size}x{cfg.model.image_size}, estimates):")
     print(format_memory_plan(plan))
+    gib, batch = cfg.model.gpu_memory_gb, cfg.sampling.max_batch
+    most, gpu = largest_batch(plan, "rollout", gib or 80.0), f"model.gpu_memory_gb={gib:g}" if gib else "80 GiB"
+    print(f"sampling.max_batch={batch}; the largest that fits {gpu}: {most}"
+          f"{'' if most >= batch else ' (too small: lower sampling.max_batch)'}")
+    check_startup(cfg, _placement(args))
     check_memory_plan(plan)
     lora = cfg.train.lora
     print(json.dumps({"config": "ok", "exp_name": cfg.exp_name, "model": cfg.model.preset,

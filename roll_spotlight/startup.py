@@ -78,6 +78,15 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
     emulated = placement.emulate is not None
     if emulated:
         check_emulation(cfg, placement)
+    if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
+        from roll_spotlight.models.memory_plan import check_memory_plan
+
+        plan = memory_plan_of(cfg, placement)
+        if cfg.spot_trains() and not plan.fits("trainer"):
+            raise ConfigError(f"spot.training_phase: spot workers that train hold the trainer's memory plan, "
+                              f"{plan.total_gib('trainer'):.1f} GiB > model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}; "
+                              "set spot.training_phase: explore, or a smaller train.micro_batch_size")
+        check_memory_plan(plan)
     if missing := missing_paths(cfg, key=key, models=not emulated):
         raise ConfigError("local files or directories this run needs are missing: " + "; ".join(missing))
     if cfg.spot.enabled and cfg.spot.trace:
@@ -88,15 +97,6 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
         check_prompt_files(cfg)
     if not emulated:  # an emulated run loads neither the model nor the reward's
         check_model_and_reward(cfg, key)
-    if cfg.model.gpu_memory_gb is not None:  # the plan is computed from the model config alone
-        from roll_spotlight.models.memory_plan import check_memory_plan
-
-        plan = memory_plan_of(cfg, placement)
-        if cfg.spot_trains() and not plan.fits("trainer"):
-            raise ConfigError(f"spot.training_phase: spot workers that train hold the trainer's memory plan, "
-                              f"{plan.total_gib('trainer'):.1f} GiB > model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}; "
-                              "set spot.training_phase: explore, or a smaller train.micro_batch_size")
-        check_memory_plan(plan)
     if placement.sp_degree != 1:
         from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
@@ -195,6 +195,8 @@ def memory_plan_of(cfg, placement: WorkerPlacement | None = None):
                     lora_rank=lora.rank if lora is not None else None,
                     lora_targets=tuple(lora.target_modules) if lora is not None else mp.FLOW_GRPO_LORA_TARGETS,
                     micro_batch=train.micro_batch_size, cfg=cfg.sampling.guidance_scale > 1.0,
+                    rollout_batch=cfg.sampling.max_batch, explore_batch=cfg.sampling.max_batch,
+                    cfg_batched=cfg.sampling.max_batch > 1,
                     text_tokens=model.max_sequence_length if model.preset == "qwen_image" else model.max_prompt_tokens,
                     gradient_checkpointing=model.gradient_checkpointing, sampling_steps=cfg.sampling.num_steps,
                     sp_degree=(placement or WorkerPlacement()).sp_degree, gpu_memory_gb=model.gpu_memory_gb)

@@ -59,6 +59,37 @@ def test_wrong_type_names_the_key(tmp_path, capsys):
     assert "sampling.num_steps" in err and "ten" in err
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", "four"])
+def test_max_batch_not_a_positive_integer_names_the_key(tmp_path, capsys, value):
+    err = _train(tmp_path, capsys, CONFIG, f"sampling.max_batch={value}")
+    assert "sampling.max_batch" in err and value in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_max_batch_in_a_roll_recipe_names_the_key_and_the_file():
+    from roll_spotlight.roll.sections import validate_recipe
+
+    path = REPO / "configs" / "roll" / "tiny_shapes_roll.yaml"
+    with pytest.raises(ConfigError) as info:
+        validate_recipe(load_yaml(path, ["sampling.max_batch=0"]), source=str(path))
+    assert "sampling.max_batch" in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_batch_the_gpu_cannot_hold_names_the_key_and_what_fits(tmp_path, capsys):
+    recipe = REPO / "configs" / "qwen_image_geneval_1280.yaml"     # model.gpu_memory_gb: 80
+    err = _train(tmp_path, capsys, recipe, "sampling.max_batch=64")
+    assert "sampling.max_batch=16" in err and "model.gpu_memory_gb=80" in err and len(err.strip().splitlines()) == 1
+    code = main(["train", "--config", str(REPO / "configs" / "qwen_image_ocr_512.yaml"), "--run-dir",
+                 str(tmp_path / "run"), "--emulate", "h100", "-o", "sampling.max_batch=200"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--emulate h100" in err and "sampling.max_batch=" in err and not (tmp_path / "run").exists()
+
+
+def test_check_prints_the_largest_batch_that_fits(tmp_path, capsys):
+    main(["train", "--config", str(REPO / "configs" / "qwen_image_ocr_512.yaml"), "--check"])
+    out = capsys.readouterr().out
+    assert "sampling.max_batch=16; the largest that fits model.gpu_memory_gb=80: " in out
+
+
 def test_group_size_below_two_names_the_key(tmp_path, capsys):
     err = _train(tmp_path, capsys, CONFIG, "train.group_size=1")
     assert "train.group_size" in err

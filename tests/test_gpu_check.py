@@ -48,6 +48,11 @@ def test_json_schema(tiny_run):
             assert m["peak_gib"] is None  # CPU: no CUDA allocator to ask
         for role in ("trainer", "rollout"):
             assert all(_is_number(v) and v >= 0 for v in entry["memory_plan_gib"][role].values())
+        sweep = entry["batch_sweep"]
+        assert list(sweep) == ["1", "2", "4"]        # --tiny's default batches
+        for batch, m in sweep.items():
+            assert m["oom"] is False and m["rows"] == 2 * int(batch) and len(m["times_s"]) == 2
+            assert m["per_sample_s"] == pytest.approx(m["median_s"] / int(batch)) and m["peak_gib"] is None
     assert _is_number(data["load"]["build_s"]) and data["elapsed_s"] > 0
 
 
@@ -68,14 +73,30 @@ def test_the_cost_model_reads_the_tiny_run(tiny_run):
     cost = CostModel().with_calibration(path, 64, allow_tiny=True)
     measured = tiny_run["data"]["resolutions"]["64"]
     assert cost.calibration == str(path)
-    assert cost.step_s(64) == pytest.approx(measured["guided_step"]["median_s"])
+    assert cost.step_s(64, serial=True) == pytest.approx(measured["guided_step"]["median_s"])
     assert cost.train_s(1, 64, 1) == pytest.approx(cost.trained_steps * measured["train_micro_step"]["median_s"])
 
 
-def test_pytest_summary_parsing():
+def test_the_sweep_batches_by_resolution_and_flag():
+    module = _module()
+    assert module.sweep_batches(module.parse_args([]), 512) == [1, 2, 4, 8, 16, 32]
+    assert module.sweep_batches(module.parse_args([]), 1280) == [1, 2, 4, 8]
+    assert module.sweep_batches(module.parse_args(["--batches", "4,1,4"]), 1280) == [1, 4]
+    assert module.sweep_batches(module.parse_args(["--batches", ""]), 512) == []
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit):
+            module.parse_args(["--batches", bad])
+
+
+def _module():
     spec = __import__("importlib.util").util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
     module = __import__("importlib.util").util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_pytest_summary_parsing():
+    module = _module()
     counts = module.parse_pytest_summary("....\n3 passed, 1 failed, 2 skipped, 40 deselected, 1 error in 9.1s\n")
     assert (counts["passed"], counts["failed"], counts["skipped"], counts["deselected"], counts["errors"]) == (3, 1, 2, 40, 1)
     assert module.parse_pytest_summary("")["passed"] == 0
@@ -92,4 +113,6 @@ def test_tiny_check_on_cuda_reports_peak_memory(tmp_path):
     assert data["device"]["type"] == "cuda" and data["device"]["total_memory_gib"] > 0
     for entry in data["resolutions"].values():
         assert entry["train_micro_step"]["peak_gib"] >= entry["guided_step"]["peak_gib"] > 0
+        peaks = [m["peak_gib"] for m in entry["batch_sweep"].values()]
+        assert all(p > 0 for p in peaks) and peaks[-1] >= peaks[0]     # more rows, more activations
     assert data["gpu_tests"] == {"ran": False}

@@ -18,6 +18,7 @@ from roll_spotlight.models.memory_plan import (
     count_parameters_meta,
     fit_errors,
     format_memory_plan,
+    largest_batch,
     lora_parameters,
     memory_plan,
     transformer_config_from_dir,
@@ -105,6 +106,8 @@ def test_activations_respond_to_resolution_cfg_checkpointing_and_sp():
     assert no_ckpt.bytes["trainer"]["activations"] > 10 * small.bytes["trainer"]["activations"]
     batched = memory_plan(None, cfg_batched=True, vae_base_dim=1)  # VAE term small: transformer working set shows
     assert batched.bytes["rollout"]["CFG negative branch"] == batched.bytes["rollout"]["activations"]
+    decoded = memory_plan(None, cfg_batched=True)   # at 512 the VAE decode is the peak: the negative rows fit under it
+    assert decoded.bytes["rollout"]["CFG negative branch"] == 0
     sp = memory_plan(None, height=1280, width=1280, sp_degree=4, vae_base_dim=1)
     one = memory_plan(None, height=1280, width=1280, vae_base_dim=1)
     assert sp.bytes["rollout"]["activations"] < one.bytes["rollout"]["activations"] / 2
@@ -120,11 +123,35 @@ def test_fit_check_names_the_key_and_what_would_fit():
         check_memory_plan(full)
     tight = memory_plan(None, height=1280, width=1280, rollout_batch=32, gpu_memory_gb=80)
     (message,) = [e for e in fit_errors(tight) if "rollout" in e]
-    assert "model.gpu_memory_gb=80" in message and "would fit with rollout_batch=1" in message
+    most = largest_batch(tight)
+    assert "model.gpu_memory_gb=80" in message and f"would fit with sampling.max_batch={most} (" in message
+    both = memory_plan(None, height=1280, width=1280, rollout_batch=32, explore_batch=32, gpu_memory_gb=80)
+    assert len(fit_errors(both)) == 1    # the explorer planned as the rollout worker: one error, one line
     tiny_gpu = memory_plan(None, gpu_memory_gb=1)
     assert all("nothing tried fits" in e or "nothing to try" in e for e in fit_errors(tiny_gpu))
     ok = memory_plan(None, height=1280, width=1280, gpu_memory_gb=141)
     assert check_memory_plan(ok) is ok and all(ok.fits(r) for r in ROLES)
+
+
+@pytest.mark.parametrize("resolution, sp_degree", [(512, 1), (1280, 4), (1280, 1)])
+def test_the_largest_batch_is_the_last_that_fits(resolution, sp_degree):
+    plan = memory_plan(None, height=resolution, width=resolution, sp_degree=sp_degree, cfg_batched=True,
+                       gpu_memory_gb=80)
+    most = largest_batch(plan)
+    assert most >= 1
+    at = {b: memory_plan(None, height=resolution, width=resolution, sp_degree=sp_degree, cfg_batched=True,
+                         rollout_batch=b).total_gib("rollout") for b in (1, 2, most, most + 1)}
+    assert at[most] <= 80 < at[most + 1] and at[1] < at[2]      # activations grow with the batch
+    assert largest_batch(plan, gpu_memory_gb=141) > most
+    assert largest_batch(plan, gpu_memory_gb=30) == 0           # the 38 GiB of weights alone do not fit
+
+
+def test_the_recipes_batches_fit_80_gb():
+    """configs/qwen_image_* set sampling.max_batch 16 at 512 (SP 1) and 4 at 1280 (SP 4 or 1)."""
+    for resolution, sp_degree, batch in ((512, 1, 16), (1280, 4, 4), (1280, 1, 4)):
+        plan = memory_plan(None, height=resolution, width=resolution, sp_degree=sp_degree, cfg_batched=True,
+                           rollout_batch=batch, explore_batch=batch, micro_batch=4, gpu_memory_gb=80)
+        assert plan.fits("rollout") and plan.fits("explorer") and largest_batch(plan) >= batch
 
 
 def test_format_is_a_markdown_table_with_every_row_and_role():
@@ -173,6 +200,10 @@ def test_command_line_prints_tables_and_fit_errors(tmp_path, tiny_config, capsys
     out = capsys.readouterr().out
     assert "Memory plan: 64x64, 16 image + 8 text tokens" in out
     assert "model.gpu_memory_gb=1" in out  # the 2 GiB runtime overhead alone does not fit 1 GiB
+    assert "largest rollout batch (sampling.max_batch) that fits 1 GiB at SP 1: 0" in out
+    assert main(["--resolution", "512", "--rollout-batch", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout batch 16, CFG on (batched)" in out and "largest rollout batch (sampling.max_batch) that fits 80 GiB at SP 1: 99" in out
 
 
 def test_pixel_space_tiny_dit_has_no_vae():

@@ -1,7 +1,7 @@
 """Tier 1: the cost model's constants carry sources, and derived times follow the formulas."""
 import pytest
 
-from roll_spotlight.sim.costmodel import CONSTANTS, PUBLISHED_CALIBRATION, CostModel
+from roll_spotlight.sim.costmodel import CONSTANTS, PUBLISHED_CALIBRATION, CostModel, forward_time_s
 from roll_spotlight.sim.gpus import GPUS
 
 
@@ -12,8 +12,11 @@ def test_every_constant_names_a_source():
         assert constant.value > 0, name
     assumptions = [n for n, c in CONSTANTS.items() if c.source.startswith("assumption")]
     assert "sp_overhead_per_rank" in assumptions and "params_b" not in assumptions
-    for name in ("rollout_mfu", "train_mfu"):  # calibrated on a published run, cited by repository and commit
-        assert CONSTANTS[name].source.startswith("calibrated") and "verl-omni@" in CONSTANTS[name].source, name
+    # fitted or calibrated on published runs, cited by repository and commit
+    assert CONSTANTS["train_mfu"].source.startswith("calibrated") and "verl-omni@" in CONSTANTS["train_mfu"].source
+    for name in ("rollout_mfu", "rollout_floor_s"):
+        assert CONSTANTS[name].source.startswith("fitted") and "verl-omni@" in CONSTANTS[name].source, name
+    assert "sglang" in CONSTANTS["batch_knee_p"].source
 
 
 def test_tokens_and_flops_follow_the_published_architecture():
@@ -34,9 +37,19 @@ def test_tokens_and_flops_follow_the_published_architecture():
 def test_sp_degree_divides_time_with_an_efficiency_below_one():
     cost = CostModel()
     one, four = cost.step_s(1280, 1), cost.step_s(1280, 4)
-    assert one / 4 < four < one / 2
+    assert one / 4 < four < one / 2      # 1280^2 on one GPU is past the knee: SP divides the work
     assert cost.step_s(1280, 4, cross_node=True) > four
     assert cost.rollout_s(512) == pytest.approx(cost.sampling_steps * cost.step_s(512, 1))
+    assert cost.rollout_s(512, batch=4, serial=False) == pytest.approx(cost.sampling_steps * cost.step_s(512, batch=4))
+    # the step is one forward of batch x CFG rows; serial: CFG forwards of one row each
+    def forward_s(rows):
+        return forward_time_s(rows * cost.forward_flops(512), cost.rollout_floor_s, 989e12 * cost.rollout_mfu,
+                              cost.batch_knee_p)
+
+    assert cost.step_s(512, batch=3) == pytest.approx(forward_s(6))
+    assert cost.step_s(512, serial=True) == pytest.approx(2 * forward_s(1))
+    with pytest.raises(AssertionError):
+        cost.step_s(512, batch=2, serial=True)
 
 
 def test_train_time_is_three_forwards_per_trained_step():
@@ -111,12 +124,39 @@ def test_calibration_reproduces_the_measured_step_times(tmp_path):
         cost = CostModel().with_calibration(path, resolution)
         assert cost.calibration == str(path)
         assert cost.sources["rollout_mfu"].startswith(f"measured: {path}")
-        assert cost.step_s(resolution) == pytest.approx(guided)
+        assert cost.step_s(resolution, serial=True) == pytest.approx(guided)   # gpu_check's guided step is serial
         assert cost.train_s(1, resolution, 1) == pytest.approx(cost.trained_steps * micro)
-        assert load_calibration(path, resolution) == {"rollout_mfu": cost.rollout_mfu, "train_mfu": cost.train_mfu}
+        assert load_calibration(path, resolution) == {"rollout_mfu": cost.rollout_mfu, "train_mfu": cost.train_mfu,
+                                                      "rollout_floor_s": cost.rollout_floor_s}
+        assert cost.batch_knee_p == CONSTANTS["batch_knee_p"].value           # the curve's shape is kept
         assert cost.sources["warm_regroup_s"] == CONSTANTS["warm_regroup_s"].source  # only the GPU times move
     # an unmeasured resolution takes the closest measured one; none asked: the largest
     assert load_calibration(path, 1024) == load_calibration(path, 1280) == load_calibration(path)
+
+
+def test_a_batch_sweep_gives_the_floor_and_the_saturated_mfu(tmp_path):
+    import json
+
+
+    truth = {"rollout_floor_s": 0.05, "rollout_mfu": 0.5}
+    model = CostModel().with_overrides(truth)
+    flops, rate = model.forward_flops(512), 989e12 * 0.5
+    path = _gpu_check_json(tmp_path, {512: (model.step_s(512, serial=True), 1.4)})
+    data = json.loads(path.read_text())
+    data["resolutions"]["512"]["batch_sweep"] = {
+        str(b): {"median_s": float(forward_time_s(2 * b * flops, 0.05, rate, model.batch_knee_p)), "oom": False}
+        for b in (1, 2, 4, 8)} | {"16": {"oom": True}}
+    path.write_text(json.dumps(data))
+    cost = CostModel().with_calibration(path, 512)
+    assert cost.rollout_floor_s == pytest.approx(0.05, rel=1e-6) and cost.rollout_mfu == pytest.approx(0.5, rel=1e-6)
+    assert cost.step_s(512, batch=8) == pytest.approx(model.step_s(512, batch=8), rel=1e-6)
+    assert "batch sweep" in cost.sources["rollout_mfu"] and "no batch sweep" not in cost.sources["rollout_mfu"]
+    # a sweep that admits no floor (its batch faster per row than one row's floor allows) is not used
+    data["resolutions"]["512"]["batch_sweep"] = {"8": {"median_s": 1e-4, "oom": False}}
+    path.write_text(json.dumps(data))
+    stretched = CostModel().with_calibration(path, 512)
+    assert stretched.step_s(512, serial=True) == pytest.approx(model.step_s(512, serial=True))
+    assert "no batch sweep" in stretched.sources["rollout_mfu"]
 
 
 def test_calibration_uses_the_measurement_s_text_tokens(tmp_path):
@@ -187,7 +227,8 @@ def test_a_gpu_swaps_its_peak_and_link_and_keeps_the_calibrated_mfus():
     assert h100.gpu == "h100" and h100.gpu_peak_tflops == GPUS["h100"].peak_bf16_tflops
     a100, h800 = h100.with_gpu("A100"), h100.with_gpu("h800")
     assert a100.gpu == "a100" and a100.rollout_mfu == h100.rollout_mfu and a100.train_mfu == h100.train_mfu
-    assert a100.step_s(512) / h100.step_s(512) == pytest.approx(989.0 / 312.0)
+    assert a100.step_s(1280) / h100.step_s(1280) == pytest.approx(989.0 / 312.0, rel=0.01)   # past the knee
+    assert a100.rollout_floor_s == h100.rollout_floor_s   # below it, the floor is the same (assumption)
     assert a100.train_micro_batch_s(512) / h100.train_micro_batch_s(512) == pytest.approx(989.0 / 312.0)
     assert h800.step_s(512) == pytest.approx(h100.step_s(512))            # same compute
     assert h800.nvlink_s(1e9) / h100.nvlink_s(1e9) == pytest.approx(900.0 / 400.0)
@@ -211,3 +252,18 @@ def test_transfers_take_their_bytes_over_their_link():
     assert cost.gradient_report_s(True, 1, nbytes=1e9) == pytest.approx(cost.network_s(1e9))
     assert cost.gradient_report_s(True, 4, nbytes=1e9) == pytest.approx(cost.network_s(1e9) + cost.nvlink_s(1e9))
     assert cost.train_micro_batch_s(512, 8) == pytest.approx(2 * cost.train_micro_batch_s(512, 4))
+
+
+def test_the_rollout_batch_is_the_recipes():
+    from pathlib import Path
+
+    from roll_spotlight.config.strict import load_yaml
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    recipes = sorted(configs.glob("qwen_image_*.yaml")) + sorted((configs / "roll").glob("qwen_image_*.yaml"))
+    assert len(recipes) == 9
+    cost = CostModel()
+    for path in recipes:
+        data = load_yaml(path)
+        resolution = data["model"]["image_size"]
+        assert data["sampling"]["max_batch"] == cost.max_batch(resolution), path

@@ -5,10 +5,16 @@ import pytest
 
 from roll_spotlight.sim.api import main, project, simulate, time_to_target
 from roll_spotlight.sim.spotfeed import spot_feed
+from roll_spotlight.spot.market import EventKind
 
 BAMBOO = "bamboo-spot-traces/aws/p3-trace.csv"
 GCP = "skynomad-gcp-h100/h100_probe_counts_wide.csv"
 SMALL = {"prompts_per_iteration": 8, "group_size": 8}
+
+
+def _downs(feed, end_s):
+    """NODE_DOWN events at or before ``end_s``: the preemptions a run ending then sees."""
+    return sum(1 for e in feed.events if e.kind is EventKind.NODE_DOWN and e.time_s <= end_s)
 
 
 def test_simulate_labels_every_number_simulated():
@@ -57,7 +63,8 @@ def test_project_scales_with_model_size():
                     baselines=("vanilla",), cost_overrides=SMALL)
     t_small = small["baselines"]["vanilla"]["time_per_iteration_s"]
     t_large = large["baselines"]["vanilla"]["time_per_iteration_s"]
-    assert 3.0 < t_large / t_small < 4.5  # ~4x FLOPs, plus fixed sync and reward time
+    # 4x the FLOPs per image; a 10B model's 512^2 forward is below the knee, so less than 4x
+    assert 1.2 < t_large / t_small < 4.0
     assert small["kind"] == "simulated" and small["what_if"]["params_b"] == 10.0
     with pytest.raises(ValueError, match="params_b"):
         project("aws", params_b=0)
@@ -70,7 +77,7 @@ def test_bamboo_trace_short_window(shipped_traces):
     feed = spot_feed(shipped_traces / BAMBOO, spot_nodes=8, start_s=1800.0)
     assert result["trace"]["provider"] == "aws" and result["trace"]["notice_s"] == 120.0
     for name, r in result["baselines"].items():
-        assert r["preemptions"] == feed.preemptions_until(r["sim_end_s"]) >= 1, name
+        assert r["preemptions"] == _downs(feed, r["sim_end_s"]) >= 1, name
         assert r["notices"] >= r["preemptions"]
     naive, spotlight = result["baselines"]["naive_spot"], result["baselines"]["spotlight"]
     assert spotlight["spot_idle_fraction"] < naive["spot_idle_fraction"]
@@ -136,12 +143,17 @@ def test_exploration_budget_is_spot_seconds_of_training_over_a_full_rollout():
     cost = CostModel()
     today, paper = exploration_budget(cost, 512, 8, 8), exploration_budget(cost, 512, 4, 8)
     train_s = cost.train_s(cost.images_per_iteration(), 512, 8)
-    assert today["seeds_per_iteration"] == pytest.approx(8 * train_s / cost.rollout_s(512, 1, 10))
+    per_seed_s = cost.rollout_s(512, 1, 10, batch=16) / 16
+    assert today["batch"] == cost.max_batch(512) == 16
+    assert today["seeds_per_iteration"] == pytest.approx(8 * train_s / per_seed_s)
+    serial = exploration_budget(cost, 512, 8, 8, serial=True)
+    assert serial["seeds_per_iteration"] == pytest.approx(8 * train_s / cost.rollout_s(512, 1, 10, serial=True))
     assert today["full_step"] and today["explore_steps"] == cost.sampling_steps
     assert paper["seeds_per_iteration"] == pytest.approx(2 * today["seeds_per_iteration"])  # half the trainers
     assert paper["seeds_per_prompt"] == pytest.approx(paper["seeds_per_iteration"] / cost.prompts_per_iteration)
     sp4 = exploration_budget(cost, 1280, 8, 8)        # SP 4: one explored seed holds 4 GPUs
-    assert sp4["sp_degree"] == 4 and sp4["gpu_s_per_explored_seed"] == pytest.approx(4 * cost.rollout_s(1280, 4, 10))
+    assert sp4["sp_degree"] == 4 and sp4["gpu_s_per_explored_seed"] == pytest.approx(
+        4 * cost.rollout_s(1280, 4, 10, batch=4) / 4)
     cheap = exploration_budget(cost.with_overrides({"explore_steps": 5}), 512, 8, 8)
     assert not cheap["full_step"] and cheap["seeds_per_iteration"] == pytest.approx(2 * today["seeds_per_iteration"])
     assert "exploration_budget" in simulate(None, resolution=512, ondemand=2, spot=2, iterations=1, cost_model=SMALL,

@@ -20,7 +20,11 @@ def test_durations_follow_the_cost_model_for_the_workload_s_shape():
     cost = d.cost
     assert cost.gpu == "h800" and cost.sampling_steps == 20 == cost.explore_steps and cost.text_tokens == 64
     assert d.denoise_step_s(1) == pytest.approx(cost.step_s(512, 1))
-    assert d.denoise_step_s(1) / 4 < d.denoise_step_s(4) < d.denoise_step_s(1) / 2   # SP efficiency below one
+    assert d.denoise_step_s(1, batch=8) == pytest.approx(cost.step_s(512, 1, batch=8))
+    assert d.denoise_step_s(serial=True) == pytest.approx(cost.step_s(512, serial=True))
+    # a 512^2 image is below the knee: SP 4 barely shortens its step, batching fills the group
+    assert d.denoise_step_s(1) / 4 < d.denoise_step_s(4) < d.denoise_step_s(1)
+    assert d.denoise_step_s(4, batch=16) / 16 < d.denoise_step_s(4) / 2
     assert d.train_micro_batch_s() == pytest.approx(cost.train_micro_batch_s(512, 2))
     assert d.train_micro_batch_s(6) == pytest.approx(3 * d.train_micro_batch_s())
     assert d.reward_s(8) == pytest.approx(8 * cost.reward_s())
@@ -34,10 +38,12 @@ def test_durations_follow_the_cost_model_for_the_workload_s_shape():
 
 def test_cfg_and_resolution_scale_the_denoising_step():
     guided, plain = _workload().durations(), _workload(cfg_forwards=1).durations()
-    assert guided.denoise_step_s() == pytest.approx(2 * plain.denoise_step_s())
+    assert guided.denoise_step_s(serial=True) == pytest.approx(2 * plain.denoise_step_s())
+    assert guided.denoise_step_s() == pytest.approx(plain.denoise_step_s(batch=2))  # both branches, one forward
     assert cfg_forwards(4.0) == 2 and cfg_forwards(1.0) == 1 and cfg_forwards(None) == 1
     big = _workload(resolution=1280).durations()
-    assert big.denoise_step_s() > (6400 / 1024) * guided.denoise_step_s()   # attention grows quadratically
+    # past the knee, attention grows quadratically
+    assert big.denoise_step_s(batch=16) > (6400 / 1024) * guided.denoise_step_s(batch=16)
 
 
 @pytest.mark.parametrize("change, match", [({"num_steps": 0}, "Workload.num_steps must be a number > 0"),

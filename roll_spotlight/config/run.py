@@ -103,6 +103,8 @@ class SamplingConfig:
     # None: the preset's default (4.0 for qwen_image, as flow_grpo; 1.0 for tiny)
     guidance_scale: float | None = None
     negative_prompt: str | None = " "
+    # rollouts of one shape a worker denoises in one forward per step (1: each request alone)
+    max_batch: int = 1
 
     def __post_init__(self) -> None:
         if self.guidance_scale is not None:
@@ -110,6 +112,7 @@ class SamplingConfig:
 
             check_guidance(self.guidance_scale, self.negative_prompt)
         require_each(self, "sampling", ("num_steps", "eval_num_steps"), require_int, ">= 2")
+        require_int("sampling.max_batch", self.max_batch)
         require_number("sampling.noise_level", self.noise_level)
         require_int("sampling.sde_window", self.sde_window, f"[0, {self.num_steps}]",
                     why=f"(sampling.num_steps={self.num_steps})")

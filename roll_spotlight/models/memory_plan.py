@@ -27,12 +27,13 @@ Rows (bytes, shown in GiB = 2**30 bytes; ``gpu_memory_gb`` is read in the same u
   two ``tokens*d`` gradient buffers. Without checkpointing every layer keeps its full activations.
   With CFG the training log-prob uses the guided velocity, so the negative branch's activations are
   kept as well (its own row).
-- activations, rollout/explorer (no grad): the larger of one block's working set,
-  :data:`INFER_ELEMS_PER_TOKEN` ``*d`` elements per token on ``image_tokens/sp_degree + text_tokens``
-  tokens (Ulysses SP shards image tokens; weights are replicated), and the VAE decode of the images
-  (:data:`VAE_DECODE_TENSORS` tensors of ``base_dim`` channels at full resolution). CFG adds, when
-  the conditional and negative forwards are batched (``cfg_batched``), a second working set; when
-  they run one after the other (diffusers' pipeline), only the kept conditional velocity.
+- activations, rollout/explorer (no grad), for ``rollout_batch`` (``explore_batch``) images: the
+  larger of one block's working set, :data:`INFER_ELEMS_PER_TOKEN` ``*d`` elements per token on
+  ``image_tokens/sp_degree + text_tokens`` tokens per row (Ulysses SP shards image tokens; weights
+  are replicated), and the VAE decode of the batch (:data:`VAE_DECODE_TENSORS` tensors of
+  ``base_dim`` channels at full resolution). With ``cfg_batched`` (both branches in one forward)
+  the "CFG negative branch" row is what the negative rows add above that peak; one after the
+  other (diffusers' pipeline), the kept conditional velocity. :func:`largest_batch` fits the GPU.
 - inputs and buffers: latents, the trajectory (``sampling_steps + 1`` latents per image), prompt
   embeddings; runtime overhead: CUDA context and allocator slack, an assumption (``overhead_gb``).
 
@@ -324,13 +325,14 @@ def memory_plan(transformer_config: Mapping[str, Any] | None = None, settings: P
         local = img_tokens // s.sp_degree + s.text_tokens
         working = batch * local * INFER_ELEMS_PER_TOKEN * d * w
         vae = batch * s.height * s.width * s.vae_base_dim * VAE_DECODE_TENSORS * w if s.vae_params else 0.0
-        negative = working if s.cfg_batched else batch * lat
+        peak = max(working, vae)
+        negative = max(2 * working, vae) - peak if s.cfg_batched else batch * lat
         return {
             "base weights": n_params * w + s.vae_params * w + te,
             "trainable parameters": 0.0 if full_ft else trainable * tw,
             "gradients": 0.0,
             "optimizer states": 0.0,
-            "activations": max(working, vae),
+            "activations": peak,
             "CFG negative branch": negative if s.cfg else 0.0,
             "inputs and buffers": batch * ((s.sampling_steps + 2) * lat + cfg_mult * emb),
             "runtime overhead": overhead,
@@ -343,6 +345,21 @@ def memory_plan(transformer_config: Mapping[str, Any] | None = None, settings: P
 
 
 # ------------------------------------------------------------------------------------ fit check
+def largest_batch(plan: MemoryPlan, role: str = "rollout", gpu_memory_gb: float | None = None,
+                  most: int = 4096) -> int:
+    """The most images ``role`` (rollout or explorer) can denoise together within ``gpu_memory_gb``
+    (default the plan's), all else as planned; 0 when not even one fits."""
+    limit = plan.settings.gpu_memory_gb if gpu_memory_gb is None else gpu_memory_gb
+    assert limit is not None, "largest_batch needs a GPU memory"
+    lo, hi = 0, most
+    while lo < hi:                       # the plan grows with the batch: the last batch that fits
+        mid = (lo + hi + 1) // 2
+        key = "rollout_batch" if role == "rollout" else "explore_batch"
+        fits = memory_plan(plan.transformer_config, plan.settings, **{key: mid}).total_gib(role) <= limit
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return lo
+
+
 def _alternatives(plan: MemoryPlan, role: str) -> Iterator[tuple[str, dict[str, Any]]]:
     s = plan.settings
     if s.text_encoder_on_gpu:
@@ -359,8 +376,8 @@ def _alternatives(plan: MemoryPlan, role: str) -> Iterator[tuple[str, dict[str, 
                 yield f"FSDP over {shards} data-parallel ranks", {"fsdp_shards": shards}
     else:
         key = "rollout_batch" if role == "rollout" else "explore_batch"
-        if getattr(s, key) > 1:
-            yield f"{key}=1", {key: 1}
+        if getattr(s, key) > 1 and (batch := largest_batch(plan, role)) >= 1:
+            yield f"sampling.max_batch={batch}", {key: batch}
         if s.cfg and s.cfg_batched:
             yield "conditional and negative forwards one after the other", {"cfg_batched": False}
         heads = plan.transformer_config["num_attention_heads"]
@@ -374,8 +391,8 @@ def fit_errors(plan: MemoryPlan) -> list[str]:
     limit = plan.settings.gpu_memory_gb
     errors = []
     for role in ROLES:
-        if plan.fits(role) is not False:
-            continue
+        if plan.fits(role) is not False or (role == "explorer" and plan.bytes["explorer"] == plan.bytes["rollout"]):
+            continue  # an explorer planned as the rollout worker has its error
         tried = []
         fix = None
         for label, change in _alternatives(plan, role):
@@ -417,7 +434,7 @@ def format_memory_plan(plan: MemoryPlan) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m roll_spotlight.models.memory_plan [--resolution 1280] [--gpu-memory-gb 80] [--full-finetune]``"""
+    """``python -m roll_spotlight.models.memory_plan [--resolution 1280] [--gpu-memory-gb 80] [--rollout-batch 16]``"""
     import argparse
 
     parser = argparse.ArgumentParser(description="Memory plan per role for Qwen-Image (GiB).")
@@ -428,13 +445,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-tokens", type=int, default=512)
     parser.add_argument("--full-finetune", action="store_true")
     parser.add_argument("--no-cfg", action="store_true")
+    parser.add_argument("--rollout-batch", type=int, default=1, help="images denoised together (sampling.max_batch)")
     args = parser.parse_args(argv)
     config = transformer_config_from_dir(args.config) if args.config else None
     for res in args.resolution or [512, 1280]:
+        degree = 4 if res >= 1024 else 1   # the recipes' rollout SP degree
         plan = memory_plan(config, height=res, width=res, gpu_memory_gb=args.gpu_memory_gb,
                            micro_batch=args.micro_batch, text_tokens=args.text_tokens, cfg=not args.no_cfg,
-                           lora_rank=None if args.full_finetune else FLOW_GRPO_LORA_RANK)
+                           lora_rank=None if args.full_finetune else FLOW_GRPO_LORA_RANK,
+                           rollout_batch=args.rollout_batch, explore_batch=args.rollout_batch,
+                           cfg_batched=not args.no_cfg, sp_degree=degree)
         print(format_memory_plan(plan))
+        print(f"largest rollout batch (sampling.max_batch) that fits {args.gpu_memory_gb or 80.0:g} GiB at SP "
+              f"{degree}: {largest_batch(plan, 'rollout', args.gpu_memory_gb or 80.0)}\n")
         for error in fit_errors(plan):
             print(error)
     return 0

@@ -2,7 +2,8 @@
 
 It answers time per iteration, GPU idle fractions and cost for vanilla / exploration on the
 critical path / naive spot / Spotlight / Spotlight with spot training on one cluster and spot
-trace, driving the runtime's own policies (request queue, exploration planner, SP group planner).
+trace, driving the runtime's own policies (request queue, exploration planner, SP group planner),
+and for the whole job on spot GPUs restarted from checkpoints (``managed_job``).
 Every number it produces is simulated; see ``costmodel`` for where each constant comes from.
 
 The entry points (``simulate``, ``project``, ``time_to_target``, ``main``) live in ``api`` and are

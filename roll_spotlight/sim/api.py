@@ -23,10 +23,12 @@ from roll_spotlight.sim.shape_budget import (FAIR_COST_DEFINITION, exploration_b
                                        fair_cost_ondemand)
 from roll_spotlight.sim.costmodel import RESOLUTIONS, CostModel
 from roll_spotlight.sim.gpus import gpu_spec
+from roll_spotlight.sim.managed_job import MANAGED_SPOT, simulate_managed_job
 from roll_spotlight.sim.spotfeed import SpotFeed, TraceLike, fake_feed, spot_feed
 from roll_spotlight.sim.system import BaselineResult, ClusterSimulation, SimConfig
 
 DEFAULT_BASELINES = ("vanilla", "explore_critical", "naive_spot", "spotlight", "spotlight_train")
+SYSTEMS = (*BASELINES, MANAGED_SPOT)   # every name simulate accepts among its baselines
 SIMULATED_NOTE = ("simulated: cluster time and cost come from the cost model (each constant names its "
                   "source) and the spot trace; explored rewards are synthetic; convergence is not simulated")
 # Mean time between preemption batches by provider, for what-if runs without a trace file
@@ -42,7 +44,7 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
              cost_model: CostModel | Mapping[str, Any] | None = None, timeline: bool = False,
              start_s: float = 0.0, skip_ramp: bool = True, zones: Sequence[str] | None = None,
              gpus_per_spot_node: int = 1, spot_host_gpus: int = 8, feed: SpotFeed | None = None,
-             fair_cost: bool = False) -> dict:
+             fair_cost: bool = False, max_batch: int | None = None, serial_rollout: bool = False) -> dict:
     """Simulate each baseline on the same cluster and trace window; returns a JSON-ready dict.
 
     ``fair_cost``: also simulate, for each spot baseline among ``baselines``, vanilla on the
@@ -52,6 +54,9 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     ``by_baseline``: every spot baseline's). The result's ``exploration_budget`` is
     ``budget.exploration_budget`` for this shape.
 
+    ``managed_spot``: vanilla's whole job on ``ondemand`` spot GPUs, restarted from checkpoints
+    (``sim.managed_job``). ``max_batch`` / ``serial_rollout``: how workers denoise (``SimConfig``).
+
     ``trace``: a ``Trace``, a trace path, or None (spot GPUs that are never preempted). ``feed``
     overrides the trace with a ready-made event feed (tests, what-ifs). ``spot_host_gpus``: with
     single-GPU trace instances, how many of them share a host (see ``cluster``; 1 = separate VMs).
@@ -59,14 +64,21 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
     if resolution not in RESOLUTIONS:
         raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution}")
     cost = _cost_model(cost_model)
-    specs = [get_baseline(name) for name in baselines]
+    if unknown := [name for name in baselines if name not in SYSTEMS]:
+        raise ValueError(f"unknown baseline {unknown[0]!r}; known baselines: {sorted(SYSTEMS)}")
+    given_feed = feed
     if feed is None:
         feed = _feed(trace, spot, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
     config = SimConfig(resolution=resolution, ondemand=ondemand, spot=spot, iterations=iterations, seed=seed,
                        gpus_per_spot_node=gpus_per_spot_node, spot_host_gpus=spot_host_gpus,
-                       record_timeline=timeline)
-    results = {spec.name: ClusterSimulation(spec, config, cost, feed).simulate() for spec in specs}
-    baselines = {name: _result_dict(r, timeline) for name, r in results.items()}
+                       record_timeline=timeline, max_batch=max_batch, serial_rollout=serial_rollout)
+    batch = config.batch_of(cost)
+    results = {name: _result_dict(ClusterSimulation(get_baseline(name), config, cost, feed).simulate(), timeline)
+               for name in baselines if name != MANAGED_SPOT}
+    if MANAGED_SPOT in baselines:
+        job_feed = given_feed or _feed(trace, ondemand, gpus_per_spot_node, seed, start_s, skip_ramp, zones)
+        results[MANAGED_SPOT] = _managed_job(job_feed, config, cost, results.get("vanilla"))
+    baselines = {name: results[name] for name in baselines}
     fair = _fair_cost_vanilla(baselines, config, cost, feed, timeline) if fair_cost else None
     return {
         "kind": "simulated",
@@ -76,23 +88,34 @@ def simulate(trace: TraceLike, *, resolution: int, ondemand: int, spot: int, ite
         "cluster": {"ondemand_gpus": ondemand, "spot_gpus": spot, "gpus_per_spot_node": gpus_per_spot_node,
                     "spot_host_gpus": spot_host_gpus,
                     "gpu": gpu_spec(cost.gpu).name, "resolution": resolution},
+        "rollout": {"max_batch": batch, "serial": serial_rollout},
         "iterations": iterations,
         "seed": seed,
-        "phases": phase_summary(cost, resolution, ondemand),
+        "phases": phase_summary(cost, resolution, ondemand, batch, serial_rollout),
         "calibration": cost.calibration,  # the published calibration, or the gpu_check file measured on a GPU
         "prices_usd_per_gpu_hour": {"ondemand": feed.prices.price("ondemand").usd_per_gpu_hour,
                                     "spot": feed.prices.price("spot").usd_per_gpu_hour},
-        "exploration_budget": exploration_budget(cost, resolution, ondemand, spot),
+        "exploration_budget": exploration_budget(cost, resolution, ondemand, spot, batch, serial_rollout),
         "baselines": baselines,
         **({"fair_cost": fair} if fair is not None else {}),
     }
+
+
+def _managed_job(feed: SpotFeed, config: SimConfig, cost: CostModel, vanilla: dict | None) -> dict:
+    """The managed spot job on ``config.ondemand`` spot GPUs, iterations as long as vanilla's there."""
+    if vanilla is None:
+        vanilla = _result_dict(ClusterSimulation(get_baseline("vanilla"), dataclasses.replace(config, spot=0), cost,
+                                                 feed).simulate(), False)
+    return simulate_managed_job(feed, cost, gpus=config.ondemand, gpus_per_node=config.gpus_per_spot_node,
+                                iteration_s=vanilla["time_per_iteration_s"], iterations=config.iterations,
+                                max_sim_s=config.max_sim_s)
 
 
 def _fair_cost_vanilla(baselines: dict, config: SimConfig, cost: CostModel, feed: SpotFeed,
                        timeline: bool) -> dict:
     """For each spot baseline, vanilla on N_fair on-demand GPUs (one simulation per distinct N),
     added to ``baselines`` under ``fair_cost_baseline(name)``."""
-    spot_names = [name for name in baselines if get_baseline(name).uses_spot]
+    spot_names = [name for name in baselines if name in BASELINES and get_baseline(name).uses_spot]
     if not spot_names:
         raise ValueError(f"simulate(fair_cost=True) needs a spot baseline among the baselines (its dollars set "
                          f"N_fair); spot baselines: {sorted(n for n, b in BASELINES.items() if b.uses_spot)}")
@@ -134,16 +157,17 @@ def _feed(trace: TraceLike, spot: int, gpus_per_node: int, seed: int, start_s: f
     return spot_feed(trace, spot_nodes=nodes, start_s=start_s, skip_ramp=skip_ramp, zones=zones, seed=seed)
 
 
-def phase_summary(cost: CostModel, resolution: int, ondemand: int) -> dict:
-    """The cost model's phase times for this shape (simulated inputs, for the report)."""
+def phase_summary(cost: CostModel, resolution: int, ondemand: int, batch: int = 1, serial: bool = False) -> dict:
+    """The cost model's phase times for this shape, rollouts ``batch`` at a time (simulated inputs)."""
     degree = cost.preferred_sp(resolution)
     images = cost.images_per_iteration()
     return {
         "image_tokens": cost.image_tokens(resolution),
         "forward_tflops": cost.forward_flops(resolution) / 1e12,
         "preferred_sp_degree": degree,
-        "rollout_s_per_image_sp1": cost.rollout_s(resolution, 1),
-        "rollout_s_per_image_preferred_sp": cost.rollout_s(resolution, degree),
+        "rollout_batch": batch,
+        "rollout_s_per_image_sp1": cost.rollout_s(resolution, 1, batch=batch, serial=serial) / batch,
+        "rollout_s_per_image_preferred_sp": cost.rollout_s(resolution, degree, batch=batch, serial=serial) / batch,
         "images_per_iteration": images,
         "train_s": cost.train_s(images, resolution, ondemand),
         "reward_s_per_image": cost.reward_s(),
@@ -241,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zone", action="append", default=None, help="keep only this zone (repeatable)")
     parser.add_argument("--start-s", type=float, default=0.0, help="trace seconds after the ramp to start at")
     parser.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
-                        help=f"comma-separated subset of {sorted(BASELINES)}")
-    parser.add_argument("--cost", type=Path, default=None, help="JSON file of cost-model overrides")
+                        help=f"comma-separated subset of {sorted(SYSTEMS)}")
+    parser.add_argument("--cost", type=Path, default=None,
+                        help="JSON file of cost-model overrides (e.g. the rollout batch: max_batch_512)")
     parser.add_argument("--calibration", type=Path, default=None,
                         help="benchmarks/gpu_check.py JSON whose measured step times replace the assumed ones")
     parser.add_argument("--timeline", action="store_true", help="include per-GPU phase intervals (JSON)")

@@ -5,15 +5,14 @@ One table, :data:`CONSTANTS`, holds each constant with its unit and its source: 
 an explicit ``assumption``. :class:`CostModel` carries the values (overridable from a dict, and
 calibratable with measured regroup times) and derives phase times from them:
 
-- a denoising step costs ``cfg_forwards`` transformer forwards. Qwen-Image's 60 blocks are two
-  streams: an image token passes only the image stream's linears, a text token only the text
-  stream's (QKV + out 4 d^2, MLP 8 d^2: ``12*hidden^2*layers`` parameters per token), and the
-  modulation linears (the other third of the 20B) run once per image; joint attention adds
-  ``4*layers*tokens^2*hidden`` (QK^T and AV). That is verl-omni's FLOP counter for Qwen-Image
-  (its docs/perf/diffusion_mfu.md, same commit as ``VERL_OMNI``), about a third of
-  ``2*params*tokens``. The step runs at
-  ``peak*mfu`` FLOP/s, divided over an SP group of degree d with efficiency
-  ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
+- a denoising step of ``batch`` images is one forward of ``batch x cfg_forwards`` rows (serial
+  mode: ``cfg_forwards`` forwards of one row). Qwen-Image's two streams: an image token passes only
+  the image stream's linears, a text token only the text stream's (QKV + out 4 d^2, MLP 8 d^2:
+  ``12*hidden^2*layers`` parameters per token), and the modulation linears (the other third of the
+  20B) run once per image; joint attention adds ``4*layers*tokens^2*hidden`` (QK^T and AV). That is
+  verl-omni's FLOP counter for Qwen-Image (docs/perf/diffusion_mfu.md at ``VERL_OMNI``). A forward
+  takes :func:`forward_time_s` at rate ``peak*rollout_mfu``; an SP group of degree d splits the
+  FLOPs at efficiency ``1/(1 + overhead*(d-1))`` (the Ulysses all-to-all grows with d);
 - a trained step costs ``train_flops_multiplier`` (forward + backward ~ 3x) times that, and only
   the SDE-window steps are trained;
 - restarts and joins are sums of process start, NCCL init and weight transfer (bytes / bandwidth);
@@ -23,17 +22,13 @@ calibratable with measured regroup times) and derives phase times from them:
   then clips and steps (``optimizer_step_s``). A weight version is the adapters only
   (``publish_s``): every Qwen-Image config here trains flow_grpo's LoRA.
 
-The MFUs are calibrated (``benchmarks.sim_reference``): the simulator's vanilla on verl-omni's published
-Qwen-Image LoRA run (4 x H800, 420 s per step) reproduces that step time. The reference publishes no
-split between generation and training, so the ratio of ``train_mfu`` to ``rollout_mfu`` stays an
-assumption. ``with_gpu(name)`` swaps the datasheet figures of another GPU (``sim.gpus``) and keeps
-the MFUs. Numbers derived from this model are *simulated* and reports must say so. Exploration's
-effect on convergence is not modelled at all (see ``run.time_to_target``).
-
-GPU calibration: ``CostModel().with_calibration(path, resolution)`` replaces the published
-``rollout_mfu`` and ``train_mfu`` with the ones a ``benchmarks/gpu_check.py`` JSON implies (its
-guided step and training micro-step at that resolution, see :func:`load_calibration`); the model's
-``calibration`` field says which was used: ``PUBLISHED_CALIBRATION`` or the file.
+The rollout curve is fitted to published batching times and ``train_mfu`` calibrated on
+verl-omni's published LoRA step (``benchmarks.batching_fit``, ``benchmarks.sim_reference``).
+``with_gpu(name)`` swaps another GPU's datasheet figures (``sim.gpus``), keeping MFUs and floor.
+Numbers derived from this model are *simulated*; convergence is not modelled
+(``api.time_to_target``). ``with_calibration(path, resolution)`` takes the rollout curve and
+``train_mfu`` from a ``benchmarks/gpu_check.py`` JSON instead (:func:`load_calibration`); the
+``calibration`` field names which: ``PUBLISHED_CALIBRATION`` or the file.
 """
 from __future__ import annotations
 
@@ -51,11 +46,14 @@ SOURCE_QWEN_ARCH = "Qwen-Image transformer config (diffusers QwenImageTransforme
 VERL_OMNI = "verl-project/verl-omni@a1139bafffb5b9711f0a6b6edff8ecaa60bfff30"
 SOURCE_VERL_OMNI_PERF = (f"{VERL_OMNI} docs/algo/performance.md, FlowGRPO LoRA on Qwen-Image OCR: 4 x H800, "
                          "32 prompts x 16 images, 420 s per step (sync reward), 360 s with the reward on a 5th GPU")
-# rollout_mfu as benchmarks.sim_reference.calibrate_mfus derives it from the published run (a test pins it);
-# train_mfu at the assumed 0.30 / 0.40 of it: the run publishes no split.
-ASSUMED_TRAIN_TO_ROLLOUT_MFU = 0.75
-CALIBRATED_ROLLOUT_MFU = 0.249
-CALIBRATED_TRAIN_MFU = ASSUMED_TRAIN_TO_ROLLOUT_MFU * CALIBRATED_ROLLOUT_MFU
+SOURCE_VERL_OMNI_BATCHING = (f"{VERL_OMNI} docs/start/rollout_batching.md, 'Expected performance': Qwen-Image "
+                             "LoRA, 32x16, 512^2, serial (max_num_seqs=1) 226.4 s vs request-level "
+                             "(max_num_seqs=32) 107.9 s generation per step")
+# as benchmarks.batching_fit and benchmarks.sim_reference derive them (their tests pin them)
+FITTED_KNEE_P = 4.051
+FITTED_ROLLOUT_FLOOR_S = 0.08733
+FITTED_ROLLOUT_MFU = 0.3994
+CALIBRATED_TRAIN_MFU = 0.2653
 PUBLISHED_CALIBRATION = "published: verl-omni Qwen-Image LoRA on 4 x H800, 420 s per step"
 
 
@@ -81,15 +79,18 @@ CONSTANTS: dict[str, Constant] = {
     "bytes_per_param": Constant(2, "bytes", "bf16 weights (Flow-GRPO mixed_precision=bf16)"),
     # --- hardware ---
     "gpu_peak_tflops": Constant(GPUS["h100"].peak_bf16_tflops, "TFLOP/s", GPUS["h100"].source),
-    "rollout_mfu": Constant(CALIBRATED_ROLLOUT_MFU, "fraction of peak",
-                            f"calibrated: {SOURCE_VERL_OMNI_PERF}; with it (and train_mfu = 0.75 x it) the "
-                            "simulator's vanilla of that run (benchmarks.sim_reference) takes the published 420 s. An "
-                            "effective figure, absorbing that stack's overheads (parameter offload, engine "
-                            "sleep/wake); applied to every GPU's peak (assumption: the same fraction)"),
+    "rollout_mfu": Constant(FITTED_ROLLOUT_MFU, "fraction of peak",
+                            f"fitted: a saturated forward's MFU in {SOURCE_VERL_OMNI_BATCHING}, assumed on 4 x "
+                            "H800 and the same fraction of every GPU's peak"),
+    "rollout_floor_s": Constant(FITTED_ROLLOUT_FLOOR_S, "s per forward", "fitted with rollout_mfu: the least "
+                                f"a forward takes, however few rows, in {SOURCE_VERL_OMNI_BATCHING} (every GPU alike)"),
+    "batch_knee_p": Constant(FITTED_KNEE_P, "exponent", "fitted to sgl-project/sglang PR #22183 (comment "
+                             "2026-04-10, Qwen-Image-2512 on one H200, guidance 4.0): time per step at batch "
+                             "1-16 (512^2) and 1-3 (1024^2)"),
     "train_mfu": Constant(CALIBRATED_TRAIN_MFU, "fraction of peak",
-                          f"calibrated with rollout_mfu on the same run ({VERL_OMNI} docs/algo/performance.md) "
-                          "at the assumed 0.75 x rollout_mfu: the run publishes no split between generation "
-                          "and training"),
+                          f"calibrated: {SOURCE_VERL_OMNI_PERF}; the simulator's vanilla of that run (serial "
+                          "rollouts, offloads and weight sync apart) takes the published 420 s; its full-"
+                          "fine-tuning twin (4 x H200, 250 s) is then predicted at +6.6%"),
     "sp_overhead_per_rank": Constant(0.04, "fraction per extra rank",
                                      "assumption: Ulysses all-to-all cost inside one NVLink node"),
     "sp_cross_node_factor": Constant(4.0, "x", "assumption: all-to-all over the network instead of NVLink"),
@@ -120,6 +121,8 @@ CONSTANTS: dict[str, Constant] = {
     "preferred_sp_1280": Constant(4, "degree", "assumption: the paper runs 1280^2 with SP; 4 GPUs per "
                                                "image (elastic.group_plan.degree_for_resolution's 4,096-"
                                                "token rule would give 2)"),
+    "max_batch_512": Constant(16, "images", "configs/qwen_image_*_512.yaml sampling.max_batch"),
+    "max_batch_1280": Constant(4, "images", "configs/qwen_image_geneval_1280.yaml sampling.max_batch"),
     # --- rewards ---
     "reward_s_ocr": Constant(0.05, "s per image", "assumption: PaddleOCR on a GPU reward server (our CPU "
                                                   "rapidocr measured 0.23-0.32 s per 512^2 image, ENV.md)"),
@@ -166,8 +169,8 @@ RESOLUTIONS = (512, 1280)
 _INT_KEYS = frozenset({"num_layers", "hidden_dim", "num_heads", "pixels_per_token", "text_tokens",
                        "bytes_per_param", "sampling_steps", "cfg_forwards", "group_size",
                        "prompts_per_iteration", "trained_steps", "explore_steps",
-                       "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280",
-                       "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
+                       "explore_seeds_critical", "preferred_sp_512", "preferred_sp_1280", "max_batch_512",
+                       "max_batch_1280", "reward_workers", "train_micro_batch_images", "train_lease_micro_batches"})
 
 
 def _defaults() -> dict[str, float]:
@@ -270,7 +273,7 @@ class CostModel:
 
     def with_calibration(self, path: str | Path, resolution: int | None = None, *,
                          allow_tiny: bool = False) -> CostModel:
-        """A copy whose ``rollout_mfu`` and ``train_mfu`` come from a gpu_check JSON (see
+        """A copy whose rollout curve and ``train_mfu`` come from a gpu_check JSON (see
         :func:`load_calibration`), with ``calibration`` naming the file."""
         measured, note = _calibration(self, path, resolution, allow_tiny)
         model = self.with_overrides(measured, source=f"measured: {note}")
@@ -306,23 +309,29 @@ class CostModel:
     def preferred_sp(self, resolution: int) -> int:
         return int(self.preferred_sp_1280 if resolution >= 1024 else self.preferred_sp_512)
 
+    def max_batch(self, resolution: int) -> int:   # the recipes' sampling.max_batch
+        return int(self.max_batch_1280 if resolution >= 1024 else self.max_batch_512)
+
     # ---- compute phases ----------------------------------------------------------------------
     def sp_efficiency(self, degree: int, cross_node: bool = False) -> float:
         overhead = self.sp_overhead_per_rank * (self.sp_cross_node_factor if cross_node else 1.0)
         return 1.0 / (1.0 + overhead * (degree - 1))
 
-    def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False) -> float:
-        """Wall time of one denoising step of one image on an SP group of ``degree`` GPUs."""
-        assert degree >= 1, degree
-        flops = self.cfg_forwards * self.forward_flops(resolution)
-        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu * degree * self.sp_efficiency(degree, cross_node)
-        return flops / rate
+    def step_s(self, resolution: int, degree: int = 1, cross_node: bool = False, batch: int = 1,
+               serial: bool = False) -> float:
+        """One denoising step of ``batch`` images, both CFG branches in one forward, on an SP group of
+        ``degree`` GPUs; ``serial``: one image, the branches one after the other (batch 1 before)."""
+        assert degree >= 1 and batch >= 1 and not (serial and batch != 1), (degree, batch, serial)
+        rows, forwards = (1, self.cfg_forwards) if serial else (batch * int(self.cfg_forwards), 1)
+        flops = rows * self.forward_flops(resolution) / (degree * self.sp_efficiency(degree, cross_node))
+        rate = self.gpu_peak_tflops * 1e12 * self.rollout_mfu
+        return forwards * forward_time_s(flops, self.rollout_floor_s, rate, self.batch_knee_p)
 
     def rollout_s(self, resolution: int, degree: int = 1, steps: int | None = None,
-                  cross_node: bool = False) -> float:
-        """Wall time of one whole rollout (``steps`` denoising steps, default the sampling steps)."""
+                  cross_node: bool = False, batch: int = 1, serial: bool = False) -> float:
+        """One whole rollout of ``batch`` images (``steps`` steps, default the sampling steps; see ``step_s``)."""
         steps = self.sampling_steps if steps is None else steps
-        return steps * self.step_s(resolution, degree, cross_node)
+        return steps * self.step_s(resolution, degree, cross_node, batch, serial)
 
     def train_image_step_flops(self, resolution: int) -> float:
         """FLOPs of training one image at one trained step (forward + backward of both CFG branches)."""
@@ -422,17 +431,17 @@ CALIBRATION_SCHEMA = "roll_spotlight.gpu_check/1"
 
 def load_calibration(path: str | Path, resolution: int | None = None, *, allow_tiny: bool = False,
                      base: CostModel | None = None) -> dict[str, float]:
-    """The constants a gpu_check JSON replaces: ``{"rollout_mfu": ..., "train_mfu": ...}``.
+    """The constants a gpu_check JSON replaces: ``{"rollout_mfu", "rollout_floor_s", "train_mfu"}``.
 
-    The measured times are turned back into the MFU the cost model's FLOP formula needs to reproduce
-    them (with the measurement's own text-token count; ``base``'s other constants, default
-    ``CostModel()``): a guided step is ``cfg_forwards`` forwards, so
-    ``rollout_mfu = cfg_forwards * forward_flops / (peak * guided_step_s)``; a training micro-step is
-    the cond + negative forward and backward of one image, so
-    ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops / (peak * micro_step_s)``
-    (one GPU: no FSDP communication, no optimizer step). With two or more resolutions measured and
-    none asked for, the one closest to ``resolution`` is used (the largest if None). A ``--tiny``
-    file is refused unless ``allow_tiny`` (its times are not the 20B model's).
+    The measured times are turned back into the constants the cost model needs to reproduce them
+    (with the measurement's own text-token count; ``base``'s other constants, default
+    ``CostModel()``): the rollout curve through the serial guided step and the largest batch of the
+    sweep that ran (:func:`fit_floor_rate`, the knee kept), else the fitted curve stretched in time
+    to the serial step; a training micro-step is the cond + negative forward and backward of one
+    image, so ``train_mfu = cfg_forwards * train_flops_multiplier * forward_flops /
+    (peak * micro_step_s)`` (one GPU: no FSDP communication, no optimizer step). With two or more
+    resolutions measured and none asked for, the one closest to ``resolution`` is used (the largest
+    if None). A ``--tiny`` file is refused unless ``allow_tiny`` (its times are not the 20B model's).
     """
     return _calibration(base or CostModel(), path, resolution, allow_tiny)[0]
 
@@ -467,14 +476,43 @@ def _calibration(base: CostModel, path: str | Path, resolution: int | None,
     shaped = base.with_overrides({"text_tokens": text_tokens})
     peak = shaped.gpu_peak_tflops * 1e12
     flops = shaped.forward_flops(res)
-    values = {"rollout_mfu": shaped.cfg_forwards * flops / (peak * step_s),
-              "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
+    curve, swept = _rollout_curve(shaped, res, step_s, entry.get("batch_sweep") or {})
+    values = {**curve, "train_mfu": shaped.cfg_forwards * shaped.train_flops_multiplier * flops / (peak * micro_s)}
     if not tiny:
-        high = {k: v for k, v in values.items() if v > 1.0}
+        high = {k: v for k, v in values.items() if k.endswith("_mfu") and v > 1.0}
         if high:
             raise ValueError(f"--calibration {path}: the measured times imply {high} > 1 of "
                              f"gpu_peak_tflops={shaped.gpu_peak_tflops}: not the cost model's transformer")
     device = data.get("device", {}).get("name", "unknown device")
-    note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s"
-            f"{'; tiny model' if tiny else ''})")
+    note = (f"{path} ({device}, {res}x{res}: guided step {step_s:.3g} s, training micro-step {micro_s:.3g} s, "
+            f"{'' if swept else 'no '}batch sweep{'; tiny model' if tiny else ''})")
     return values, note
+
+
+def _rollout_curve(model: CostModel, resolution: int, serial_step_s: float,
+                   sweep: Mapping[str, Any]) -> tuple[dict[str, float], bool]:
+    """The rollout curve's constants (:func:`load_calibration`) and whether the sweep gave them."""
+    ran = {int(b): float(m["median_s"]) for b, m in sweep.items()
+           if isinstance(m, Mapping) and not m.get("oom") and m.get("median_s") and int(b) > 1}
+    batch, cfg = max(ran, default=1), int(model.cfg_forwards)
+    found = fit_floor_rate(serial_step_s / cfg, ran.get(batch, 0.0), batch * cfg, model.forward_flops(resolution),
+                           model.batch_knee_p)
+    if found is not None:
+        return {"rollout_mfu": found[1] / (model.gpu_peak_tflops * 1e12), "rollout_floor_s": found[0]}, True
+    stretch = serial_step_s / model.step_s(resolution, serial=True)
+    return {"rollout_mfu": model.rollout_mfu / stretch, "rollout_floor_s": model.rollout_floor_s * stretch}, False
+
+
+def forward_time_s(flops, floor_s: float, rate: float, p: float):
+    """Seconds of a forward of ``flops`` (float or array) on one GPU: ``floor_s`` below the knee, ``flops /
+    rate`` above it, ``p`` how sharp the knee is."""
+    return (floor_s ** p + (flops / rate) ** p) ** (1.0 / p)
+
+
+def fit_floor_rate(t1: float, tb: float, rows: int, row_flops: float, p: float) -> tuple[float, float] | None:
+    """``(floor_s, rate)`` of the curve of knee ``p`` through a forward of one row in ``t1`` s and of
+    ``rows`` rows in ``tb`` s (t^p = floor^p + (rows w)^p, w = row_flops / rate); None if none does."""
+    w = ((tb ** p - t1 ** p) / (rows ** p - 1.0)) ** (1.0 / p) if tb > t1 and rows > 1 else 0.0
+    if not (w > 0 and t1 > w):
+        return None
+    return (t1 ** p - w ** p) ** (1.0 / p), row_flops / w

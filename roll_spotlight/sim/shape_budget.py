@@ -4,7 +4,7 @@ Exploration budget (per iteration). Spotlight explores on the spot GPUs while th
 train, so the budget is the spot GPU-seconds of one training phase divided by the GPU-seconds one
 explored seed costs:
 
-    seeds per iteration = spot x train_s(ondemand) / (rollout_s(explore_steps, SP degree d) x d)
+    seeds per iteration = spot x train_s(ondemand) / (rollout_s(explore_steps, SP degree d, batch B) / B x d)
 
 Halving the on-demand GPUs doubles ``train_s`` and so doubles the budget (the paper's 4 reserved +
 8 spot shape against 8 + 8). The explored seed is priced at ``explore_steps`` denoising steps; the
@@ -43,21 +43,23 @@ FAIR_COST_DEFINITION = (
 _EPS = 1e-9
 
 
-def exploration_budget(cost: CostModel, resolution: int, ondemand: int, spot: int) -> dict[str, Any]:
-    """Explored seeds one iteration's training phase affords on ``spot`` GPUs (simulated cost model)."""
+def exploration_budget(cost: CostModel, resolution: int, ondemand: int, spot: int, batch: int | None = None,
+                       serial: bool = False) -> dict[str, Any]:
+    """Explored seeds (``batch`` at a time) one iteration's training phase affords on ``spot`` GPUs."""
     if ondemand < 1 or spot < 0:
         raise ValueError(f"exploration_budget: ondemand must be >= 1 and spot >= 0, got {ondemand}, {spot}")
     degree = cost.preferred_sp(resolution)
     steps = int(cost.explore_steps)
+    batch = 1 if serial else (cost.max_batch(resolution) if batch is None else batch)
     train_s = cost.train_s(cost.images_per_iteration(), resolution, ondemand)
-    seed_gpu_s = cost.rollout_s(resolution, degree, steps) * degree
+    seed_gpu_s = cost.rollout_s(resolution, degree, steps, batch=batch, serial=serial) / batch * degree
     spot_gpu_s = spot * train_s
     seeds = spot_gpu_s / seed_gpu_s
     per_prompt = seeds / cost.prompts_per_iteration
     return {"kind": "simulated", "ondemand_gpus": ondemand, "spot_gpus": spot, "train_s": train_s,
             "spot_gpu_s_during_training": spot_gpu_s, "explore_steps": steps,
             "sampling_steps": int(cost.sampling_steps), "full_step": steps >= int(cost.sampling_steps),
-            "sp_degree": degree, "gpu_s_per_explored_seed": seed_gpu_s,
+            "sp_degree": degree, "batch": batch, "serial": serial, "gpu_s_per_explored_seed": seed_gpu_s,
             "seeds_per_iteration": seeds, "seeds_per_prompt": per_prompt,
             "pool_over_group": per_prompt / cost.group_size, "group_size": int(cost.group_size),
             "prompts_per_iteration": int(cost.prompts_per_iteration)}

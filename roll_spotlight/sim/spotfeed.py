@@ -31,10 +31,6 @@ class SpotFeed:
     notice_s: float
     window_s: float
 
-    def preemptions_until(self, end_s: float) -> int:
-        """NODE_DOWN events at or before ``end_s`` (wall seconds): what a run ending then sees."""
-        return sum(1 for e in self.events if e.kind is EventKind.NODE_DOWN and e.time_s <= end_s)
-
 
 def load(trace: TraceLike) -> Trace | None:
     if trace is None or isinstance(trace, Trace):

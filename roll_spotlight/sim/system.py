@@ -2,10 +2,9 @@
 
 The policies are the runtime's own, imported: ``RequestQueue`` (dispatch), ``plan_groups``
 (elastic SP), ``BanditPlanner`` and ``select_max_variance`` (exploration). What is simulated is
-only time: each request costs ``steps x step_s`` on its SP group, training costs
-``CostModel.train_s`` (or, with spot training, micro-batches through the queue: ``training``),
-restarts and joins cost what the cost model says. Explored rewards are synthetic
-(``rewards.SyntheticRewards``).
+only time: a worker denoises up to ``max_batch`` requests together, each step ``CostModel.step_s``;
+training ``CostModel.train_s`` (or, with spot training, micro-batches through the queue); restarts
+and joins cost what the cost model says. Explored rewards are synthetic (``SyntheticRewards``).
 
 One iteration (docs/design.md section 3)::
 
@@ -66,6 +65,9 @@ class SimConfig:
     ``reward_colocated``: the reward model shares the rollout GPUs (verl-omni's sync reward), so an
     iteration's rollouts are scored after the last one, on ``reward_workers`` slots, while the
     on-demand GPUs are in phase REWARD; by default reward servers score each image as it completes.
+
+    ``max_batch``: requests a worker denoises together (None: the recipes'); ``serial_rollout``: one at
+    a time, CFG branches one after the other (the engine before batching; verl-omni's published runs).
     """
 
     resolution: int
@@ -80,6 +82,8 @@ class SimConfig:
     record_timeline: bool = False
     max_sim_s: float = 90 * 24 * 3600.0
     reward_colocated: bool = False
+    max_batch: int | None = None
+    serial_rollout: bool = False
 
     def __post_init__(self) -> None:
         if self.resolution % 16:
@@ -93,11 +97,41 @@ class SimConfig:
         if self.spot % self.gpus_per_spot_node:
             raise ValueError(f"SimConfig.spot={self.spot} must be a multiple of gpus_per_spot_node="
                              f"{self.gpus_per_spot_node}")
+        if self.max_batch is not None and (type(self.max_batch) is not int or self.max_batch < 1
+                                           or self.serial_rollout and self.max_batch != 1):
+            raise ValueError(f"SimConfig.max_batch must be None or an integer >= 1 (1 with serial_rollout), "
+                             f"got {self.max_batch!r}")
+
+    def batch_of(self, cost: CostModel, degree: int | None = None) -> int:
+        """Requests an SP group of ``degree`` GPUs denoises together: fewer on a smaller group (memory)."""
+        if self.serial_rollout:
+            return 1
+        batch = self.max_batch if self.max_batch is not None else cost.max_batch(self.resolution)
+        preferred = cost.preferred_sp(self.resolution)
+        return batch if degree is None or degree >= preferred else max(1, batch * degree // preferred)
 
 
 class IterPhase(enum.Enum):
     ROLLOUT = "rollout"
     TRAIN = "train"
+
+
+@dataclass
+class BatchRun:
+    """Requests one worker denoises together from ``start``, a step of all rows in ``step_s``; row i
+    starts at step ``first_steps[i]`` (resumed) and all report when the last finishes (no refill)."""
+
+    leases: list[Lease]
+    start: float
+    step_s: float
+    first_steps: list[int]
+
+    @property
+    def steps(self) -> int:
+        return max(l.request.schedule.num_steps - f for l, f in zip(self.leases, self.first_steps))
+
+    def boundary(self, steps_done: int) -> float:
+        return self.start + steps_done * self.step_s
 
 
 @dataclass
@@ -107,11 +141,9 @@ class SimWorker:
     wid: str
     group: SPGroup
     kind: GpuKind
-    step_s: float
+    cross_node: bool
     ready_at: float
-    lease: Lease | None = None
-    run_start: float = 0.0
-    run_first_step: int = 0
+    run: BatchRun | None = None
     done_event: EventHandle | None = None
     commit_event: EventHandle | None = None
     dissolving: bool = False
@@ -123,7 +155,7 @@ class SimWorker:
 
     @property
     def busy(self) -> bool:
-        return self.lease is not None or self.train is not None
+        return self.run is not None or self.train is not None
 
 
 @dataclass
@@ -391,10 +423,11 @@ class ClusterSimulation:
         prompts = self._new_prompts(int(self.cost.prompts_per_iteration))
         reserve = self._new_prompts(int(self.cost.prompts_per_iteration))
         degree = self.cost.preferred_sp(self.config.resolution)
+        batch = self.config.batch_of(self.cost, degree)   # a seed's price: one image of a full batch
+        per_seed_s = self.cost.rollout_s(self.config.resolution, degree, int(self.cost.explore_steps), batch=batch,
+                                         serial=self.config.serial_rollout) / batch
         config = PlannerConfig(group_size=int(self.cost.group_size), seeds_per_pull=self.config.seeds_per_pull,
-                               predicted_train_s=train_s, spot_workers=len(workers),
-                               per_seed_s=self.cost.rollout_s(self.config.resolution, degree,
-                                                              int(self.cost.explore_steps)),
+                               predicted_train_s=train_s, spot_workers=len(workers), per_seed_s=per_seed_s,
                                base_seed=self.config.seed)
         self._planner = BanditPlanner(config, prompts, reserve, start_s=self.loop.now)
         self.queue.set_source(_PlannerSource(self))
@@ -411,7 +444,7 @@ class ClusterSimulation:
         self.queue.set_source(None)
         self.queue.cancel(RequestKind.EXPLORE)
         for w in self._workers_of(GpuKind.SPOT):
-            if w.lease is not None and w.lease.request.kind is RequestKind.EXPLORE:
+            if w.run is not None and w.run.leases[0].request.kind is RequestKind.EXPLORE:
                 self._abort_run(w)
         planner, self._planner = self._planner, None
         assert planner is not None
@@ -423,7 +456,7 @@ class ClusterSimulation:
         """Exploration stopped: drop the in-flight explore run (its time is spent, not lost work)."""
         self._cancel_events(w)
         self.queue.release(w.wid)
-        w.lease = None
+        w.run = None
         self._set_phase(w.members, Phase.IDLE)
         if w.dissolving:
             self._retire(w)
@@ -433,8 +466,7 @@ class ClusterSimulation:
         cross_node = len(group.nodes) > 1
         wid = f"{'od' if kind is GpuKind.ONDEMAND else 'sp'}{self._next_wid:05d}"
         self._next_wid += 1
-        step_s = self.cost.step_s(self.config.resolution, group.degree, cross_node)
-        worker = SimWorker(wid, group, kind, step_s, ready_at)
+        worker = SimWorker(wid, group, kind, cross_node, ready_at)
         self.workers[wid] = worker
         deadlines = [self._deadline[m] for m in group.members if m in self._deadline]
         if deadlines and self.spec.commit_on_notice:
@@ -478,29 +510,34 @@ class ClusterSimulation:
         if RequestKind.TRAIN in kinds:
             self.trainer.pull(w)
             return
-        est = w.step_s * max(self.cost.sampling_steps, self.cost.explore_steps)
-        leases = self.queue.pull(w.wid, 1, now=self.loop.now, est_duration_s=est, kinds=kinds)
+        batch = self.config.batch_of(self.cost, w.group.degree)
+        est = self._step_s(w, batch) * max(self.cost.sampling_steps, self.cost.explore_steps)
+        leases = self.queue.pull(w.wid, batch, now=self.loop.now, est_duration_s=est, kinds=kinds)
         if leases:
-            self._start_run(w, leases[0])
+            self._start_run(w, leases)
 
-    def _start_run(self, w: SimWorker, lease: Lease) -> None:
-        first = lease.resume.step_index if lease.resume is not None else 0
-        steps = lease.request.schedule.num_steps - first
-        w.lease, w.run_start, w.run_first_step = lease, self.loop.now, first
-        w.done_event = self.loop.after(steps * w.step_s, self._on_run_done, w.wid, lease.lease_id)
-        phase = Phase.ROLLOUT if lease.request.kind is RequestKind.ROLLOUT else Phase.EXPLORE
-        self._set_phase(w.members, phase)
+    def _step_s(self, w: SimWorker, batch: int) -> float:
+        return self.cost.step_s(self.config.resolution, w.group.degree, w.cross_node, batch,
+                                serial=self.config.serial_rollout)
 
-    def _on_run_done(self, wid: str, lease_id: int) -> None:
+    def _start_run(self, w: SimWorker, leases: list[Lease]) -> None:
+        first = [lease.resume.step_index if lease.resume is not None else 0 for lease in leases]
+        w.run = BatchRun(leases, self.loop.now, self._step_s(w, len(leases)), first)
+        w.done_event = self.loop.after(w.run.steps * w.run.step_s, self._on_run_done, w.wid, w.run)
+        rollout = leases[0].request.kind is RequestKind.ROLLOUT
+        self._set_phase(w.members, Phase.ROLLOUT if rollout else Phase.EXPLORE)
+
+    def _on_run_done(self, wid: str, run: BatchRun) -> None:
         w = self.workers.get(wid)
-        if w is None or w.lease is None or w.lease.lease_id != lease_id:
+        if w is None or w.run is not run:
             return
-        lease, duration = w.lease, self.loop.now - w.run_start
+        duration = self.loop.now - run.start
         if w.commit_event is not None:
             w.commit_event.cancel()
-        w.lease, w.done_event, w.commit_event = None, None, None
-        if self.queue.complete(lease.result(None), now=self.loop.now):
-            self._score(lease, duration)
+        w.run, w.done_event, w.commit_event = None, None, None
+        for lease in run.leases:
+            if self.queue.complete(lease.result(None), now=self.loop.now):
+                self._score(lease, duration)
         self._after_run(w)
 
     def _after_run(self, w: SimWorker) -> None:
@@ -619,37 +656,43 @@ class ClusterSimulation:
         return self._down_at.get(notice.node_id, notice.time_s + self.feed.notice_s)
 
     def _plan_commit_before(self, w: SimWorker, deadline: float) -> None:
-        """Work as many whole steps as fit before the deadline, then commit the state."""
-        if w.lease is None or w.done_event is None or w.done_event.time <= deadline:
+        """Work as many whole steps as fit before the deadline, then commit every row's state."""
+        if w.run is None or w.done_event is None or w.done_event.time <= deadline:
             return
+        run = w.run
         # the last step boundary strictly before the deadline (at the deadline the node is gone)
-        steps_by_deadline = math.ceil((deadline - w.run_start) / w.step_s - 1e-9) - 1
-        at = max(self.loop.now, w.run_start + steps_by_deadline * w.step_s)
-        steps_at = math.floor((at - w.run_start) / w.step_s + 1e-9)
-        self._schedule_commit(w, at, w.run_first_step + steps_at)
+        steps_by_deadline = math.ceil((deadline - run.start) / run.step_s - 1e-9) - 1
+        at = max(self.loop.now, run.boundary(steps_by_deadline))
+        self._schedule_commit(w, at, math.floor((at - run.start) / run.step_s + 1e-9))
 
-    def _schedule_commit(self, w: SimWorker, at: float, step_index: int) -> None:
-        assert w.lease is not None
+    def _schedule_commit(self, w: SimWorker, at: float, steps_done: int) -> None:
+        assert w.run is not None
         if w.commit_event is not None and w.commit_event.time <= at:
             return
         if w.commit_event is not None:
             w.commit_event.cancel()
-        w.commit_event = self.loop.schedule(at, self._on_commit, w.wid, w.lease.lease_id, step_index)
+        w.commit_event = self.loop.schedule(at, self._on_commit, w.wid, w.run, steps_done)
 
-    def _on_commit(self, wid: str, lease_id: int, step_index: int) -> None:
+    def _on_commit(self, wid: str, run: BatchRun, steps_done: int) -> None:
+        """Every row of the batch is committed at its own step (a row already finished completes)."""
         w = self.workers.get(wid)
-        if w is None or w.lease is None or w.lease.lease_id != lease_id:
+        if w is None or w.run is not run:
             return
-        request = w.lease.request
-        boundary = w.run_start + (step_index - w.run_first_step) * w.step_s
-        self._lost_gpu_s += (self.loop.now - boundary) * w.group.degree
-        state = InFlightState(request.request_id, step_index, None, request.seed, request.weight_version)
-        committed = self.queue.commit(wid, state)
-        assert committed, f"commit of request {request.request_id} by {wid} refused"
-        self._counters["commits"] += 1
+        self._lost_gpu_s += (self.loop.now - run.boundary(steps_done)) * w.group.degree
+        for lease, first in zip(run.leases, run.first_steps):
+            request = lease.request
+            step_index = min(first + steps_done, request.schedule.num_steps)
+            if step_index == request.schedule.num_steps:
+                if self.queue.complete(lease.result(None), now=self.loop.now):
+                    self._score(lease, self.loop.now - run.start)
+                continue
+            state = InFlightState(request.request_id, step_index, None, request.seed, request.weight_version)
+            committed = self.queue.commit(wid, state)
+            assert committed, f"commit of request {request.request_id} by {wid} refused"
+            self._counters["commits"] += 1
         if w.done_event is not None:
             w.done_event.cancel()
-        w.lease, w.done_event, w.commit_event = None, None, None
+        w.run, w.done_event, w.commit_event = None, None, None
         self._after_run(w)
         self._wake_all()
 
@@ -673,11 +716,11 @@ class ClusterSimulation:
         """A member died: requeue the lease (from the last commit) and recover the survivors."""
         if w.train is not None:
             self.trainer.lose(w)
-        if w.lease is not None:
-            self._lost_gpu_s += (self.loop.now - w.run_start) * w.group.degree
+        if w.run is not None:
+            self._lost_gpu_s += (self.loop.now - w.run.start) * w.group.degree
             self._cancel_events(w)
             self.queue.worker_lost(w.wid)
-            w.lease = None
+            w.run = None
         survivors = [m for m in w.members if m not in dead]
         del self.workers[w.wid]
         if self.spec.recovery is Recovery.COLD and survivors and not w.dissolving:
@@ -771,15 +814,15 @@ class ClusterSimulation:
             for member in w.members:
                 free_at[member] = max(free_at.get(member, self.loop.now), free)
             return
-        if w.lease is None:
+        if w.run is None:
             self._retire(w)
             return
-        steps_done = math.ceil((self.loop.now - w.run_start) / w.step_s - 1e-9)
-        at = w.run_start + steps_done * w.step_s
+        steps_done = math.ceil((self.loop.now - w.run.start) / w.run.step_s - 1e-9)
+        at = w.run.boundary(steps_done)
         if w.done_event is not None and w.done_event.time <= at:
             at = w.done_event.time
         else:
-            self._schedule_commit(w, at, w.run_first_step + steps_done)
+            self._schedule_commit(w, at, steps_done)
         for member in w.members:
             free_at[member] = max(free_at.get(member, self.loop.now), at)
 
@@ -870,9 +913,10 @@ class _PlannerSource:
 
     def next_requests(self, worker: str, n: int) -> list[RequestSpec]:
         planner = self.sim._planner
-        if planner is None:
-            return []
-        pull: Pull | None = planner.next_pull(self.sim.loop.now)
-        if pull is None:
-            return []
-        return [self.sim._spec(int(pull.prompt_id), seed, RequestKind.EXPLORE) for seed in pull.seeds]
+        specs: list[RequestSpec] = []
+        while planner is not None and len(specs) < n:
+            pull: Pull | None = planner.next_pull(self.sim.loop.now)
+            if pull is None:
+                break
+            specs += [self.sim._spec(int(pull.prompt_id), seed, RequestKind.EXPLORE) for seed in pull.seeds]
+        return specs

@@ -84,9 +84,10 @@ class WorkerDurations:
     cost: CostModel
 
     # ---- compute
-    def denoise_step_s(self, degree: int = 1, cross_node: bool = False) -> float:
-        """One denoising step of one image on an SP group of ``degree`` GPUs (all CFG forwards)."""
-        return self.cost.step_s(self.workload.resolution, degree, cross_node)
+    def denoise_step_s(self, degree: int = 1, cross_node: bool = False, batch: int = 1, *,
+                       serial: bool = False) -> float:
+        """One denoising step of ``batch`` images on an SP group of ``degree`` GPUs (``CostModel.step_s``)."""
+        return self.cost.step_s(self.workload.resolution, degree, cross_node, batch, serial)
 
     def train_micro_batch_s(self, images: int | None = None) -> float:
         """A training micro-batch of ``images`` samples (default the workload's) at one trained step."""

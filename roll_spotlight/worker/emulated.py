@@ -202,7 +202,7 @@ class EmulatedCompute:
         request = lease.request
         steps, seed, version = request.schedule.num_steps, request.seed, request.weight_version
         start, latents = self._resume(lease)
-        step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node)
+        step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node, serial=True)  # one request
         pacer = self.emulation.pacer()
         for k in range(start, steps):
             pacer.wait(step_s)
