@@ -142,11 +142,16 @@ class DonorPool:
         old_rows, old_width = self._rewards.shape
         if (rows, width) == (old_rows, old_width):
             return
-        rewards = np.zeros((rows, width))
-        rewards[:old_rows, :old_width] = self._rewards
-        self._rewards = rewards
-        self._n = np.concatenate([self._n, np.zeros(rows - old_rows, dtype=np.int64)])
-        self._continuous = np.concatenate([self._continuous, np.zeros(rows - old_rows, dtype=bool)])
+        self._rewards = _padded(self._rewards, (rows, width))
+        self._n = _padded(self._n, (rows,))
+        self._continuous = _padded(self._continuous, (rows,))
+
+
+def _padded(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` in the leading corner of zeros of ``shape``: a reward table grown in place."""
+    out = np.zeros(shape, dtype=values.dtype)
+    out[tuple(slice(0, n) for n in values.shape)] = values
+    return out
 
 
 def is_continuous(rewards) -> bool:
@@ -269,13 +274,9 @@ class PopulationPrior:
         new_width = cap_width if width <= cap_width else max(width, 2 * cap_width)
         if (new_rows, new_width) == (cap_rows, cap_width):
             return
-        rewards = np.zeros((new_rows, new_width))
-        rewards[:cap_rows, :cap_width] = self._rewards
-        self._rewards = rewards
-        self._n = np.concatenate([self._n, np.zeros(new_rows - cap_rows, dtype=np.int64)])
-        smoothed = np.zeros((new_rows, self.config.bins))
-        smoothed[:cap_rows] = self._smoothed
-        self._smoothed = smoothed
+        self._rewards = _padded(self._rewards, (new_rows, new_width))
+        self._n = _padded(self._n, (new_rows,))
+        self._smoothed = _padded(self._smoothed, (new_rows, self.config.bins))
 
 
 def _gaussian_smoother(bins: int, bandwidth: float) -> np.ndarray:
