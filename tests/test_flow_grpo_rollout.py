@@ -5,10 +5,13 @@ import pytest
 import torch
 
 from roll_spotlight.flow_grpo import (
+    RolloutSlots,
     RolloutState,
     SdeWindow,
     StepKind,
+    denoise,
     initial_noise,
+    noise_plan,
     recompute_log_probs,
     rollout,
     sde_step,
@@ -185,3 +188,73 @@ def test_invalid_rollout_arguments_raise(model, sigmas, full):
         recompute_log_probs(model, full, 0, noise_level=A, kind=StepKind.CPS)
     with pytest.raises(ValueError, match="history"):
         RolloutState.concat([full.state(), full.state(with_history=False)])
+
+
+# ---- step-level batching: RolloutSlots and denoise
+
+
+def _alone(model, sigmas, seed, window=None):
+    return rollout(model, [seed], sigmas, LATENT, noise_level=A, window=window)
+
+
+def _slots(sigmas, capacity):
+    return RolloutSlots(capacity, sigmas, LATENT, noise_level=A)
+
+
+def test_rows_at_different_steps_share_a_forward_and_equal_their_solo_rollouts(model, sigmas):
+    """A resumed row (at step 3, its own window) and fresh rows in one batch; a finished row's slot
+    is refilled at the next step boundary: every sample is bit for bit its solo rollout."""
+    resumed = rollout(model, [7], sigmas, LATENT, noise_level=A, stop_after=3)
+    slots, plan = _slots(sigmas, 2), noise_plan("sde", None, NUM_STEPS)
+    slots.admit(0, 7, noise_plan("sde", SdeWindow(2, 5), NUM_STEPS), resumed.state())
+    slots.admit(1, 101, plan)
+    done, queue, calls = {}, [102], []
+
+    def between_steps(s):
+        calls.append(list(s.active))
+        for slot in [i for i in range(s.capacity) if s.step[i] is not None and s.finished(i)]:
+            done[s.seeds[slot]] = s.trajectory([slot])
+            s.evict(slot)
+            if queue:
+                s.admit(slot, queue.pop(), plan)
+        return True
+
+    denoise(slots, lambda x, sigma, rows: model(x, sigma), between_steps)
+    assert sorted(done) == [7, 101, 102] and len(calls) == 3 + NUM_STEPS  # slot 0 refilled after 3 steps
+    _assert_same(done[101], _alone(model, sigmas, 101))
+    _assert_same(done[102], _alone(model, sigmas, 102))
+    solo7 = rollout(model, [7], sigmas, LATENT, noise_level=A, state=resumed.state(), window=SdeWindow(2, 5))
+    _assert_same(done[7], solo7)
+    assert done[7].log_probs[0, 5] == 0 and done[7].log_probs[0, 4] != 0  # its own window
+
+
+def test_a_stop_between_steps_commits_every_row_and_each_resumes_elsewhere(model, sigmas, full):
+    slots = _slots(sigmas, 4)
+    for i, seed in enumerate(SEEDS):
+        slots.admit(i, seed, noise_plan("sde", None, NUM_STEPS))
+    denoise(slots, lambda x, sigma, rows: model(x, sigma), lambda s: s.step[0] < 2)
+    states = [slots.state(i) for i in range(4)]
+    assert [s.step for s in states] == [2] * 4
+    for i in (3, 0):  # another batch, another order
+        resumed = rollout(model, [SEEDS[i]], sigmas, LATENT, noise_level=A, state=states[i])
+        _assert_same(resumed, full.select([i]))
+
+
+def test_batched_gemm_rows_stay_within_tolerance_of_solo(sigmas):
+    """A batched Linear (not batch-invariant on CPU) moves a row's bits, not its trajectory."""
+    batched = TinyVelocity(per_sample=False)
+    together = rollout(batched, SEEDS, sigmas, LATENT, noise_level=A)
+    for i, seed in enumerate(SEEDS):
+        alone = rollout(batched, [seed], sigmas, LATENT, noise_level=A)
+        torch.testing.assert_close(together.final[i:i + 1], alone.final, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together.log_probs[i:i + 1], alone.log_probs, rtol=1e-5, atol=1e-5)
+
+
+def test_slots_refuse_an_occupied_slot_and_a_foreign_state(model, sigmas, full):
+    slots = _slots(sigmas, 1)
+    slots.admit(0, 1, noise_plan("sde", None, NUM_STEPS))
+    with pytest.raises(ValueError, match="occupied"):
+        slots.admit(0, 2, noise_plan("sde", None, NUM_STEPS))
+    slots.evict(0)
+    with pytest.raises(ValueError, match="state.seeds"):
+        slots.admit(0, 2, noise_plan("sde", None, NUM_STEPS), full.state().select([0]))

@@ -6,13 +6,25 @@
 - advantages: group-relative advantages with the zero-std mask
 - loss:       PPO-clip policy loss plus flow_grpo's KL to a reference
 - window:     which steps get noise
-- rollout:    seeded, resumable rollouts and training-time log-prob recomputation
+- rollout:    step-level batched denoising in slots (RolloutSlots, denoise), seeded resumable
+              rollouts and training-time log-prob recomputation
 """
 
 from .advantages import Advantages, group_advantages
 from .loss import PolicyLoss, gaussian_mean_kl, policy_loss
 from .noise import INITIAL_NOISE_STEP, initial_noise, noise_seed, step_noise
-from .rollout import RolloutHistory, RolloutState, Trajectory, VelocityFn, recompute_log_probs, rollout
+from .rollout import (
+    RolloutHistory,
+    RolloutSlots,
+    RolloutState,
+    SlotVelocityFn,
+    Trajectory,
+    VelocityFn,
+    denoise,
+    noise_plan,
+    recompute_log_probs,
+    rollout,
+)
 from .schedule import calculate_shift, sigma_schedule
 from .step import StepKind, StepResult, cps_log_prob, gaussian_log_prob, sde_step
 from .window import SdeWindow, sde_window_steps
@@ -22,18 +34,22 @@ __all__ = [
     "Advantages",
     "PolicyLoss",
     "RolloutHistory",
+    "RolloutSlots",
     "RolloutState",
     "SdeWindow",
+    "SlotVelocityFn",
     "StepKind",
     "StepResult",
     "Trajectory",
     "VelocityFn",
     "calculate_shift",
     "cps_log_prob",
+    "denoise",
     "gaussian_log_prob",
     "gaussian_mean_kl",
     "group_advantages",
     "initial_noise",
+    "noise_plan",
     "noise_seed",
     "policy_loss",
     "recompute_log_probs",

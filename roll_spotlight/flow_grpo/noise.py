@@ -41,15 +41,24 @@ def noise_seed(seed: int, step: int) -> int:
     return _splitmix64(_splitmix64(seed) ^ (step & _MASK64)) >> 1
 
 
-def _draw(seeds: Sequence[int], step: int, shape: tuple[int, ...], device, dtype) -> torch.Tensor:
+def _draw(seeds: Sequence[int], steps: Sequence[int | None], shape: tuple[int, ...], device, dtype) -> torch.Tensor:
     if len(seeds) == 0:
         raise ValueError("seeds must not be empty")
     generator = torch.Generator(device="cpu")
-    draws = []
-    for seed in seeds:
-        generator.manual_seed(noise_seed(int(seed), step))
-        draws.append(torch.randn(tuple(shape), generator=generator, dtype=torch.float32))
-    return torch.stack(draws).to(device=device, dtype=dtype)
+    draws = torch.zeros((len(seeds), *shape), dtype=torch.float32)
+    for row, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
+        if step is not None:
+            generator.manual_seed(noise_seed(int(seed), step))
+            torch.randn(tuple(shape), generator=generator, dtype=torch.float32, out=draws[row])
+    return to_device(draws, device, dtype)
+
+
+def to_device(host: torch.Tensor, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host tensor onto ``device`` without making the host wait: through pinned memory to a GPU."""
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        return host.pin_memory().to(device=device, dtype=dtype, non_blocking=True)
+    return host.to(device=device, dtype=dtype)
 
 
 def initial_noise(
@@ -59,17 +68,20 @@ def initial_noise(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """x_0 for each seed: a (len(seeds), *shape) standard normal tensor."""
-    return _draw(seeds, INITIAL_NOISE_STEP, shape, device, dtype)
+    return _draw(seeds, [INITIAL_NOISE_STEP] * len(seeds), shape, device, dtype)
 
 
 def step_noise(
     seeds: Sequence[int],
-    step: int,
+    step: int | Sequence[int | None],
     shape: tuple[int, ...],
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The standard normal draw of denoising `step` (0-based) for each seed, (len(seeds), *shape)."""
-    if step < 0:
+    """The standard normal draw of denoising `step` (0-based) for each seed, (len(seeds), *shape);
+    `step` a sequence: each row's own step (rows of a step-level batch stand at different steps),
+    None for a row that draws nothing (zeros: an ODE step)."""
+    steps = [step] * len(seeds) if isinstance(step, int) else list(step)
+    if any(k is not None and k < 0 for k in steps):
         raise ValueError(f"step={step} must be >= 0 (the initial noise has its own function)")
-    return _draw(seeds, step, shape, device, dtype)
+    return _draw(seeds, steps, shape, device, dtype)

@@ -1,4 +1,10 @@
-"""Seeded, resumable Flow-GRPO rollouts and the training-time recomputation of their log-probs.
+"""Seeded, resumable Flow-GRPO rollouts, batched step by step, and the training-time recomputation
+of their log-probs.
+
+Every rollout runs in `RolloutSlots`: one slot per sample, each with its own step, seed and noise
+plan, advanced by `denoise` one velocity call per step for all active slots, with a hook at each
+step boundary where a scheduler takes finished samples out and refills their slots (the rollout
+engine of a worker); `rollout` is the plain case, all samples from one step to the end.
 
 A rollout is a pure function of (velocity_fn, seeds, sigmas, noise_level, kind, window): x_0 is
 initial_noise(seed) and the noise of step k is step_noise(seed, k), per sample. Hence:
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .noise import initial_noise
+from .noise import initial_noise, step_noise, to_device
 from .step import StepKind, StepResult, sde_step
 from .window import SdeWindow
 
@@ -154,6 +160,7 @@ class Trajectory:
 
 
 def _as_schedule(sigmas: torch.Tensor | Sequence[float], device) -> torch.Tensor:
+    """The schedule on `device`, checked once (one host copy per batch, not per step)."""
     schedule = torch.as_tensor(sigmas, dtype=torch.float32).to(device)
     cpu = schedule.cpu()
     if cpu.dim() != 1 or cpu.numel() < 2 or not bool((cpu[1:] < cpu[:-1]).all()) or cpu[-1] < 0 or cpu[0] > 1:
@@ -161,12 +168,157 @@ def _as_schedule(sigmas: torch.Tensor | Sequence[float], device) -> torch.Tensor
     return schedule
 
 
-def _noise_plan(kind: StepKind, window: SdeWindow | None, num_steps: int) -> torch.Tensor:
-    if kind is StepKind.ODE:
+def noise_plan(kind: str | StepKind, window: SdeWindow | None, num_steps: int) -> torch.Tensor:
+    """(num_steps,) bool: the steps that get noise (none for "ode"; all when window is None)."""
+    if StepKind.parse(kind) is StepKind.ODE:
         return torch.zeros(num_steps, dtype=torch.bool)
     if window is None:
         return torch.ones(num_steps, dtype=torch.bool)
     return window.mask(num_steps)
+
+
+SlotVelocityFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
+"""velocity_fn(latents (A, ...), sigma (A,), slots): the velocity of the A active slots, in that order."""
+
+
+class RolloutSlots:
+    """The slot buffers of a step-level batch: up to `capacity` samples of one schedule, noise level
+    and kind, each in a slot of its own with its own step, seed and noise plan (step-level batching,
+    as vLLM-Omni's diffusion step execution: a scheduler picks the slots each step, one forward serves
+    them all, each request keeps its state in its slot).
+
+    Buffers are allocated once (latents, history x_0..x_T, log-probs) and written in place by index;
+    the schedule is checked once; a step moves nothing to the host. A slot is loaded by `admit`
+    (fresh, or from a RolloutState at step k), read by `trajectory` / `state`, emptied by `evict`
+    and refilled at a step boundary, while the other slots go on. A sample's draws come from its
+    own seed, so its bits depend on its batch mates only through the velocity (module docstring).
+    """
+
+    def __init__(self, capacity: int, sigmas, latent_shape: tuple[int, ...], *, noise_level: float,
+                 kind: str | StepKind = "sde", keep_latents: bool = True, device=None) -> None:
+        self.kind = StepKind.parse(kind)
+        device = torch.device(device or getattr(sigmas, "device", "cpu"))
+        self.sigmas = _as_schedule(sigmas, device)
+        self.num_steps, self.noise_level = self.sigmas.shape[0] - 1, float(noise_level)
+        self.latent_shape, self.capacity, self.device = tuple(latent_shape), capacity, device
+        nan = float("nan")
+        self.latents = torch.zeros((capacity, *latent_shape), device=device)
+        self.history = (torch.full((capacity, self.num_steps + 1, *latent_shape), nan, device=device)
+                        if keep_latents else None)
+        self.log_probs = torch.full((capacity, self.num_steps), nan, device=device)
+        self.noised = torch.zeros((capacity, self.num_steps), dtype=torch.bool)  # on the host: who draws
+        self._noised = self.noised.to(device)  # the same on the device: the step's per-row flags
+        self._plan: list[list[bool]] = [[]] * capacity  # and as lists, read per row and step
+        self.step: list[int | None] = [None] * capacity  # None: a free slot
+        self.stop_at, self.first_step, self.seeds = [0] * capacity, [0] * capacity, [0] * capacity
+        self._steps = torch.zeros(capacity, dtype=torch.long, device=device)
+        self._index: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    @property
+    def free(self) -> list[int]:
+        return [i for i, k in enumerate(self.step) if k is None]
+
+    @property
+    def active(self) -> list[int]:
+        """The occupied slots with steps left to run."""
+        return [i for i, k in enumerate(self.step) if k is not None and k < self.stop_at[i]]
+
+    def finished(self, slot: int) -> bool:
+        return self.step[slot] == self.num_steps
+
+    def admit(self, slot: int, seed: int, noised: torch.Tensor, state: RolloutState | None = None,
+              stop_after: int | None = None) -> None:
+        """Load one sample into a free slot: x_0 of `seed`, or `state` (one row, at its step)."""
+        if self.step[slot] is not None:
+            raise ValueError(f"slot {slot} is occupied")
+        start = _start_state([seed], self.latent_shape, state, self.num_steps, self.device)
+        k = start.step
+        self.latents[slot] = start.latents[0].to(self.device, torch.float32)
+        self.log_probs[slot] = float("nan")
+        self.first_step[slot] = k
+        if start.history is not None:
+            self.log_probs[slot, :k] = start.history.log_probs[0].to(self.device)
+            self.first_step[slot] = start.history.first_step
+        if self.history is not None:
+            self.history[slot] = float("nan")
+            if start.history is not None:
+                self.history[slot, : k + 1] = start.history.latents[0].to(self.device)
+            self.history[slot, k] = self.latents[slot]
+        self.noised[slot] = torch.as_tensor(noised, dtype=torch.bool)
+        self._plan[slot] = self.noised[slot].tolist()
+        self._noised[slot] = to_device(self.noised[slot], self.device)
+        self.seeds[slot], self.step[slot], self._steps[slot] = int(seed), k, k
+        self.stop_at[slot] = self.num_steps if stop_after is None else min(self.num_steps, k + stop_after)
+
+    def evict(self, slot: int) -> None:
+        self.step[slot] = None
+
+    def advance(self, velocity_fn: SlotVelocityFn) -> None:
+        """One denoising step of every active slot: one velocity call, one batched step."""
+        rows = self.active
+        index = self._rows(rows)
+        everyone = len(rows) == self.capacity
+        x = self.latents if everyone else self.latents.index_select(0, index)
+        steps = self._steps if everyone else self._steps.index_select(0, index)
+        sigma, sigma_next = self.sigmas[steps], self.sigmas[steps + 1]
+        draws = [self.step[r] if self._plan[r][self.step[r]] else None for r in rows]
+        noised = None if None not in draws else self._noised[index, steps]
+        kind = self.kind if any(k is not None for k in draws) else StepKind.ODE
+        noise = None if kind is StepKind.ODE else step_noise([self.seeds[r] for r in rows], draws,
+                                                             self.latent_shape, device=self.device)
+        result = sde_step(velocity_fn(x, sigma, rows), x, sigma, sigma_next, noise_level=self.noise_level,
+                          kind=kind, noise=noise, noised=noised)
+        self._record(index, steps, result, everyone)
+        for r in rows:
+            self.step[r] += 1
+
+    def _record(self, index: torch.Tensor, steps: torch.Tensor, result: StepResult, everyone: bool) -> None:
+        self.log_probs[index, steps] = result.log_prob
+        if self.history is not None:
+            self.history[index, steps + 1] = result.prev_sample
+        if everyone:
+            self.latents, self._steps = result.prev_sample, self._steps + 1
+        else:
+            self.latents.index_copy_(0, index, result.prev_sample)
+            self._steps.index_add_(0, index, torch.ones_like(index))
+
+    def _rows(self, rows: list[int]) -> torch.Tensor:
+        """The device index of `rows`, rebuilt only when the active set changes."""
+        key = tuple(rows)
+        if self._index is None or self._index[0] != key:
+            self._index = (key, to_device(torch.tensor(rows, dtype=torch.long), self.device))
+        return self._index[1]
+
+    def trajectory(self, slots: Sequence[int]) -> Trajectory:
+        """The samples of `slots` (at one step and one noise plan) as a Trajectory of copies."""
+        steps = {self.step[s] for s in slots}
+        assert len(steps) == 1 and None not in steps, f"slots {list(slots)} stand at steps {steps}"
+        idx = list(slots)
+        if idx == list(range(self.capacity)):  # every slot: the buffers themselves, no copy
+            idx = slice(None)
+        return Trajectory(
+            seeds=tuple(self.seeds[s] for s in slots), sigmas=self.sigmas,
+            latents=None if self.history is None else self.history[idx], log_probs=self.log_probs[idx],
+            noised=self.noised[slots[0]].clone(), final=self.latents[idx], next_step=steps.pop(),
+            kind=self.kind, noise_level=self.noise_level, first_step=max(self.first_step[s] for s in slots),
+        )
+
+    def state(self, slot: int, with_history: bool = True) -> RolloutState:
+        """Where the sample in `slot` stands: what a commit hands to another worker."""
+        return self.trajectory([slot]).state(with_history)
+
+
+@torch.no_grad()
+def denoise(slots: RolloutSlots, velocity_fn: SlotVelocityFn,
+            between_steps: Callable[[RolloutSlots], bool] | None = None) -> None:
+    """Step the active slots, one velocity call per step, until none is active or `between_steps`
+    returns False. `between_steps(slots)` runs at every step boundary: the scheduler's hook to take
+    finished samples out, refill their slots and decide whether to go on; the flow math is entered
+    once per batch, not once per step."""
+    while slots.active:
+        slots.advance(velocity_fn)
+        if between_steps is not None and not between_steps(slots):
+            return
 
 
 def _start_state(seeds, latent_shape, state: RolloutState | None, num_steps: int, device) -> RolloutState:
@@ -181,41 +333,6 @@ def _start_state(seeds, latent_shape, state: RolloutState | None, num_steps: int
             f"latent_shape={tuple(latent_shape)} and {num_steps} steps"
         )
     return state
-
-
-@dataclass
-class _Buffers:
-    """Mutable recording area of one rollout call; frozen into a Trajectory at the end."""
-
-    latents: torch.Tensor | None
-    log_probs: torch.Tensor
-    first_step: int
-
-    @classmethod
-    def open(cls, start: RolloutState, num_steps: int, keep_latents: bool, device) -> _Buffers:
-        batch, shape = start.latents.shape[0], tuple(start.latents.shape[1:])
-        log_probs = torch.full((batch, num_steps), float("nan"), device=device)
-        latents = None
-        if keep_latents:
-            latents = torch.full((batch, num_steps + 1, *shape), float("nan"), device=device)
-        first_step = start.step
-        if start.history is not None:
-            log_probs[:, : start.step] = start.history.log_probs.to(device)
-            first_step = start.history.first_step
-            if latents is not None:
-                latents[:, : start.step + 1] = start.history.latents.to(device)
-        if latents is not None:
-            latents[:, start.step] = start.latents.to(device)
-        return cls(latents, log_probs, first_step)
-
-    def record(self, step: int, result: StepResult) -> None:
-        self.log_probs[:, step] = result.log_prob
-        if self.latents is not None:
-            self.latents[:, step + 1] = result.prev_sample
-
-
-def _velocity(velocity_fn: VelocityFn, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    return velocity_fn(x, sigma.expand(x.shape[0]).contiguous())
 
 
 @torch.no_grad()
@@ -233,7 +350,8 @@ def rollout(
     keep_latents: bool = True,
     device: torch.device | str | None = None,
 ) -> Trajectory:
-    """Denoise from x_0 = initial_noise(seeds) (or from `state`) for at most `stop_after` steps.
+    """Denoise from x_0 = initial_noise(seeds) (or from `state`) for at most `stop_after` steps:
+    every sample in a slot of one `RolloutSlots`, all at one step (`denoise` with no scheduler).
 
     Steps outside `window` (all steps when window is None) use kind "ode". `device` defaults to the
     state's device, else the device of `sigmas`.
@@ -241,31 +359,19 @@ def rollout(
     step_kind = StepKind.parse(kind)
     if device is None:
         device = state.latents.device if state is not None else getattr(sigmas, "device", "cpu")
-    schedule = _as_schedule(sigmas, device)
-    num_steps = schedule.shape[0] - 1
-    noised = _noise_plan(step_kind, window, num_steps)
-    if bool(noised.any()) and not noise_level > 0:
+    seeds = tuple(int(s) for s in seeds)
+    slots = RolloutSlots(len(seeds), sigmas, latent_shape, noise_level=noise_level, kind=step_kind,
+                         keep_latents=keep_latents, device=device)
+    plan = noise_plan(step_kind, window, slots.num_steps)
+    if bool(plan.any()) and not noise_level > 0:
         raise ValueError(f"noise_level={noise_level} must be > 0 for kind={step_kind.value!r}")
     if stop_after is not None and stop_after < 0:
         raise ValueError(f"stop_after={stop_after} must be >= 0")
-    start = _start_state(seeds, latent_shape, state, num_steps, device)
-    stop = num_steps if stop_after is None else min(num_steps, start.step + stop_after)
-    buffers = _Buffers.open(start, num_steps, keep_latents, device)
-    x = start.latents.to(device=device, dtype=torch.float32)
-    plan = noised.tolist()
-    for k in range(start.step, stop):
-        result = sde_step(
-            _velocity(velocity_fn, x, schedule[k]), x, schedule[k], schedule[k + 1],
-            noise_level=noise_level, kind=step_kind if plan[k] else StepKind.ODE,
-            generator_seeds=start.seeds, step_index=k,
-        )
-        x = result.prev_sample
-        buffers.record(k, result)
-    return Trajectory(
-        seeds=start.seeds, sigmas=schedule, latents=buffers.latents, log_probs=buffers.log_probs,
-        noised=noised, final=x, next_step=stop, kind=step_kind,
-        noise_level=float(noise_level), first_step=buffers.first_step,
-    )
+    start = _start_state(seeds, latent_shape, state, slots.num_steps, device)
+    for i, seed in enumerate(seeds):
+        slots.admit(i, seed, plan, start.select([i]) if state is not None else None, stop_after)
+    denoise(slots, lambda x, sigma, rows: velocity_fn(x, sigma))
+    return slots.trajectory(range(len(seeds)))
 
 
 def _check_recompute(trajectory: Trajectory, step: int, noise_level: float, kind: StepKind) -> None:
@@ -302,6 +408,6 @@ def recompute_log_probs(
     sigma = trajectory.sigmas[step]
     with torch.enable_grad():
         return sde_step(
-            _velocity(velocity_fn, x, sigma), x, sigma, trajectory.sigmas[step + 1],
+            velocity_fn(x, sigma.expand(x.shape[0]).contiguous()), x, sigma, trajectory.sigmas[step + 1],
             noise_level=noise_level, kind=step_kind, prev_sample=trajectory.latents[:, step + 1].contiguous(),
         )

@@ -170,6 +170,7 @@ def sde_step(
     prev_sample: torch.Tensor | None = None,
     generator_seeds: Sequence[int] | None = None,
     step_index: int | None = None,
+    noised: torch.Tensor | None = None,
 ) -> StepResult:
     """Take (or, with `prev_sample`, score) one transition; see the module docstring for the math.
 
@@ -177,6 +178,9 @@ def sde_step(
     is echoed back (training recomputes log-probs this way). It is detached, so gradients reach the
     policy only through `mean`. Otherwise the standard normal draw is `noise`, or
     step_noise(generator_seeds, step_index, ...). sigma/sigma_next: floats, 0-d or (B,) tensors.
+    `noised` (B,) bool: rows where it is False take an ODE step instead (log_prob 0, `noise` unused
+    there), so rows of a step-level batch each keep their own noise plan; the others' bits are
+    those of a batch of `kind` alone.
     """
     step_kind = StepKind.parse(kind)
     if step_kind is not StepKind.ODE and not noise_level > 0:
@@ -187,6 +191,8 @@ def sde_step(
         raise ValueError(f"velocity has shape {tuple(v.shape)}; expected {tuple(x.shape)}")
     s, s_next = _as_sigma(sigma, x, "sigma"), _as_sigma(sigma_next, x, "sigma_next")
     mean, std, kl_std = _MOMENTS[step_kind](x, v, s, s_next, float(noise_level))
+    if noised is not None:
+        mean, std, kl_std = _ode_where_not(noised, (mean, std, kl_std), x, v, s, s_next)
     if prev_sample is not None:
         if prev_sample.shape != x.shape:
             raise ValueError(f"prev_sample has shape {tuple(prev_sample.shape)}; expected {tuple(x.shape)}")
@@ -195,5 +201,14 @@ def sde_step(
         x_next = mean
     else:
         x_next = mean + std * _standard_normal(x, noise, generator_seeds, step_index)
-    return StepResult(prev_sample=x_next, log_prob=_log_prob(step_kind, x_next, mean, std), mean=mean, std=std,
-                      kl_std=kl_std)
+    log_prob = _log_prob(step_kind, x_next, mean, std)
+    if noised is not None:
+        log_prob = torch.where(noised.to(log_prob.device), log_prob, torch.zeros_like(log_prob))
+    return StepResult(prev_sample=x_next, log_prob=log_prob, mean=mean, std=std, kl_std=kl_std)
+
+
+def _ode_where_not(noised: torch.Tensor, moments, x, v, sigma, sigma_next):
+    """(mean, std, kl_std) of `moments` on the noised rows, the ODE step's elsewhere (std 0)."""
+    flag = noised.to(x.device).view(-1, *([1] * (x.dim() - 1)))
+    ode = _ode_moments(x, v, sigma, sigma_next, 0.0)
+    return tuple(torch.where(flag, m, o) for m, o in zip(moments, ode))
