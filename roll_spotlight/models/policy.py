@@ -183,8 +183,10 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
     # ------------------------------------------------------------------ velocity
 
     def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        """Predicted velocity (B, N, C) in float32 at noise level `sigma` (B,) in [0, 1]; guided
-        (two transformer forwards, see `guidance.true_cfg`) when `set_guidance` turned CFG on."""
+        """Predicted velocity (B, N, C) in float32 at noise level `sigma` (B,) in [0, 1]; guided (see
+        `guidance.true_cfg`) when `set_guidance` turned CFG on: both branches in one forward of 2B
+        rows, the prompts and the negative padded and masked to one text length, unless the
+        attention backend takes no mask and the lengths differ (then two forwards)."""
         batch = latents.shape[0]
         if tuple(latents.shape[1:]) != self.latent_shape or sigma.shape != (batch,) or cond.batch_size != batch:
             raise ValueError(
@@ -192,13 +194,19 @@ class DiTPolicy(torch.nn.Module, abc.ABC):
                 f"conditioning of batch B; got latents {tuple(latents.shape)}, sigma {tuple(sigma.shape)}, "
                 f"conditioning batch {cond.batch_size}"
             )
-        v = self._unguided_velocity(latents, sigma, cond)
         if not self.guided:
-            return v
+            return self._unguided_velocity(latents, sigma, cond)
         if cond.negative is None:
             raise ValueError(f"velocity: guidance is on (sampling.guidance_scale={self.guidance_scale}) but the "
                              "conditioning has no negative prompt; build it with policy.encode_prompts")
-        return true_cfg(v, self._unguided_velocity(latents, sigma, cond.negative), self.guidance_scale)
+        positive = Conditioning(cond.embeds, cond.mask)
+        if self.attention is not None and not self.attention.accepts_mask and \
+                cond.embeds.shape[1] != cond.negative.embeds.shape[1]:
+            v_cond, v_neg = (self._unguided_velocity(latents, sigma, c) for c in (positive, cond.negative))
+        else:
+            both = Conditioning.cat([positive, cond.negative])
+            v_cond, v_neg = self._unguided_velocity(latents.repeat(2, 1, 1), sigma.repeat(2), both).chunk(2)
+        return true_cfg(v_cond, v_neg, self.guidance_scale)
 
     def _unguided_velocity(self, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         out = self.transformer(
