@@ -10,7 +10,7 @@ replays the trace, compressed ``--speedup`` times. A driver loop keeps a backlog
 requests in the queue actor (a random-init tiny policy: correctness, not learning, is measured)
 for ``--duration`` wall seconds, stops submitting and waits until every request is done (or
 ``--drain-timeout`` passes). Then each completed request is recomputed here, uninterrupted, with
-``RolloutExecutor`` on the same weights, and its final latents and log-probs are compared with
+``RolloutEngine`` on the same weights, and its final latents and log-probs are compared with
 ``np.array_equal``.
 
 Counters of the JSON report (``kind: "measured"``):
@@ -371,12 +371,12 @@ def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
     mismatched among resumed outputs). Bit for bit: final latents, log-probs and image."""
     from roll_spotlight.dispatch.requests import Lease
     from roll_spotlight.worker.policy_source import load_policy
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
 
-    executor = RolloutExecutor(load_policy(policy_path))
+    engine = RolloutEngine(load_policy(policy_path))
     mismatched = mismatched_resumed = 0
     for c in completions:
-        reference = executor.run(Lease(0, c.request, "reference", math.inf, None, 1)).output
+        reference = engine.roll_out([Lease(0, c.request, "reference", math.inf, None, 1)])[0]
         same = (np.array_equal(reference.latents, c.output.latents)
                 and np.array_equal(reference.log_probs, c.output.log_probs)
                 and np.array_equal(reference.image, c.output.image))

@@ -63,11 +63,24 @@ def _leases(n: int, steps: int):
     return [Lease(i, Request.from_spec(i, s), "bench", float("inf"), None, 1) for i, s in enumerate(specs)]
 
 
+def _roll_out(engine, lease, group, decode: bool):
+    """One lease to the end with the group's stop decision (an all-reduce) after every step, as
+    the worker loop takes it."""
+    outputs = []
+
+    def at_boundary(report):
+        outputs.extend(finished.output for _, finished in report.finished)
+        return None if group is not None and group.any(False) else []
+
+    engine.denoise_batch([lease], at_boundary, decode=decode)
+    return outputs[0]
+
+
 def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: dict, out) -> None:
     import torch
 
     from roll_spotlight.elastic.rendezvous import SPMembership
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.worker.policy_source import load_policy
     from roll_spotlight.worker.sp_group import SPRolloutGroup
 
@@ -76,18 +89,16 @@ def _rank_main(rank: int, degree: int, rendezvous, policy_file: str, args_dict: 
     group = SPRolloutGroup(policy, SPMembership(rendezvous, f"bench-sp{degree}", rank, degree)) if degree > 1 else None
     seen: list[int] = []  # image tokens this rank's transformer actually processes
     policy.transformer.img_in.register_forward_hook(lambda mod, inp, outp: seen.append(inp[0].shape[1]))
-    executor = RolloutExecutor(policy)
-    stop = (lambda: group.any(False)) if group is not None else (lambda: False)
+    engine = RolloutEngine(policy)
     leases = _leases(args_dict["requests"], args_dict["steps"])
     for lease in leases:  # warm-up: prompt encodings cached, first collectives paid
-        executor.run(lease, stop, decode=rank == 0)
+        _roll_out(engine, lease, group, decode=rank == 0)
     times, outputs = [], []
     for _ in range(args_dict["repeats"]):
         for lease in leases:
             start = time.perf_counter()
-            outcome = executor.run(lease, stop, decode=rank == 0)
+            outputs.append(_roll_out(engine, lease, group, decode=rank == 0))
             times.append(time.perf_counter() - start)
-            outputs.append(outcome.output)
     if group is not None:
         group.any(False)  # every rank is past its last collective before any leaves
     if rank == 0:

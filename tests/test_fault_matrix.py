@@ -91,11 +91,11 @@ class FaultyBackend:
         return self.local.weight_version
 
     def _workers(self) -> list[_Worker]:
-        from roll_spotlight.worker.engine import RolloutExecutor
+        from roll_spotlight.worker.engine import RolloutEngine
 
         policy = self.local.core.policy
         names = ([] if self.calls in self.spot_gone else list(SPOT)) + [ONDEMAND]
-        return [_Worker(n, RolloutExecutor(policy, commit_every=self.commit_every)) for n in names]
+        return [_Worker(n, RolloutEngine(policy, commit_every=self.commit_every)) for n in names]
 
     def rollouts_scored(self, specs) -> tuple[list, object]:
         outputs = self.rollouts(specs)
@@ -134,7 +134,7 @@ class FaultyBackend:
             return False
 
         try:
-            outcome = worker.executor.run(lease, should_stop,
+            outcome = worker.executor.denoise_lease(lease, should_stop,
                                           on_checkpoint=lambda s: self.queue.checkpoint(worker.name, s))
         except Killed:
             worker.alive = False
@@ -417,37 +417,37 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
 
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.dispatch.requests import Lease
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.prompt_pools import train_pool
 
     ray, cfg = ray_cluster, _cfg()
     torch.manual_seed(0)
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, weight_version=0)
-    executor = RolloutExecutor(random_policy(cfg))
+    executor = RolloutEngine(random_policy(cfg))
     queue = create_queue_actor(journal=tmp_path / "queue")
     ids = ray.get(queue.submit.remote(specs))
     a, b = ray.get(queue.pull.remote("a", 1)), ray.get(queue.pull.remote("b", 2))
     stop_after_2 = iter([False, True])
-    partial = executor.run(a[0], lambda: next(stop_after_2))
+    partial = executor.denoise_lease(a[0], lambda: next(stop_after_2))
     assert ray.get(queue.checkpoint.remote("a", partial.state))
-    assert ray.get(queue.complete.remote(b[0].result(executor.run(b[0]).output)))
+    assert ray.get(queue.complete.remote(b[0].result(executor.denoise_lease(b[0]).output)))
     before = ray.get(queue.snapshot.remote())
 
     ray.kill(queue, no_restart=False)  # the queue's process dies; Ray restarts it
     assert _restarted(ray, queue), "the restarted actor replayed its journal"
     assert ray.get(queue.snapshot.remote()) == before
     resumed = dataclasses.replace(a[0], resume=partial.state)
-    assert ray.get(queue.complete.remote(a[0].result(executor.run(resumed).output))), "old lease still valid"
-    assert ray.get(queue.complete.remote(b[1].result(executor.run(b[1]).output)))
+    assert ray.get(queue.complete.remote(a[0].result(executor.denoise_lease(resumed).output))), "old lease still valid"
+    assert ray.get(queue.complete.remote(b[1].result(executor.denoise_lease(b[1]).output)))
     while leases := ray.get(queue.pull.remote("c", 1)):
-        assert ray.get(queue.complete.remote(leases[0].result(executor.run(leases[0]).output)))
+        assert ray.get(queue.complete.remote(leases[0].result(executor.denoise_lease(leases[0]).output)))
     results = ray.get(queue.take_results.remote())
     stats = ray.get(queue.stats.remote())
     assert [c.request.request_id for c in results] == ids
     assert stats.completed == len(ids) and stats.duplicate_completions == 0
     for c in results:
-        ref = executor.run(Lease(0, c.request, "ref", math.inf, None, 1)).output
+        ref = executor.denoise_lease(Lease(0, c.request, "ref", math.inf, None, 1)).output
         assert np.array_equal(ref.latents, c.output.latents) and np.array_equal(ref.log_probs, c.output.log_probs)
     ray.kill(queue, no_restart=True)
 

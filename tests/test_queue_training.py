@@ -36,15 +36,15 @@ def lora_config(*extra: str):
 def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
     """A real batch: rollouts of the config's first iteration by `policy`, rewarded by its reward."""
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.worker.engine import RolloutExecutor, stack_outputs
+    from roll_spotlight.worker.engine import RolloutEngine, stack_outputs
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.training.prompt_pools import train_pool
     from roll_spotlight.flow_grpo import sigma_schedule
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)
-    executor = RolloutExecutor(policy)
-    outputs = [executor.run(Lease(i, Request.from_spec(i, s), "w", float("inf"), None, 1)).output
+    executor = RolloutEngine(policy)
+    outputs = [executor.denoise_lease(Lease(i, Request.from_spec(i, s), "w", float("inf"), None, 1)).output
                for i, s in enumerate(specs)]
     rewards = np.asarray(configured_reward(cfg.reward)(np.stack([o.image for o in outputs]),
                                                        [s.prompt for s in specs]).rewards)

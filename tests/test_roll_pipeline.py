@@ -256,7 +256,7 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
     from roll_spotlight.models import load_tiny_policy
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.worker.policy_source import policy_setup, prepare_policy
     from roll_spotlight.runtime.trainer_core import TrainerCore
     from roll_spotlight.training.prompt_pools import train_pool
@@ -264,8 +264,8 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
     policy = prepare_policy(load_tiny_policy(base_path)[0], policy_setup(run_cfg))
     policy.load_published_state(before)
     specs = iteration_specs(run_cfg, train_pool(run_cfg.task), 1, 0)
-    executor = RolloutExecutor(policy)
-    outputs = [executor.run(Lease(i, Request.from_spec(i, s), "in-process", float("inf"), None, 1)).output
+    executor = RolloutEngine(policy)
+    outputs = [executor.denoise_lease(Lease(i, Request.from_spec(i, s), "in-process", float("inf"), None, 1)).output
                for i, s in enumerate(specs)]
     prompts = [s.prompt for s in specs]
     rewards = configured_reward(run_cfg.reward)(np.stack([o.image for o in outputs]), prompts).rewards

@@ -28,7 +28,7 @@ TIMEOUT_S = 60.0
 def cluster(tmp_path_factory):
     import torch
 
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
     from roll_spotlight.weights import WeightStore
 
@@ -38,7 +38,7 @@ def cluster(tmp_path_factory):
     path = str(save_random_policy(cfg, tmp_path_factory.mktemp("batch") / "policy.pt", seed=5))
     store = WeightStore.create(keep=1)
     store.publish(0, random_policy(cfg, seed=5).state_dict())
-    yield {"path": path, "store": store, "reference": RolloutExecutor(random_policy(cfg, seed=5))}
+    yield {"path": path, "store": store, "reference": RolloutEngine(random_policy(cfg, seed=5))}
     ray.shutdown()
 
 
@@ -132,7 +132,7 @@ def test_a_notice_mid_batch_completes_commits_and_releases_and_another_worker_fi
     assert by_id[0].worker == "first" and {by_id[i].worker for i in (1, 2, 3)} == {"second"}
     assert by_id[1].output.resumed_from == 5
     for c in completions:  # the interrupted run equals an uninterrupted one, bit for bit
-        ref = cluster["reference"].run(Lease(0, c.request, "ref", float("inf"), None, 1)).output
+        ref = cluster["reference"].denoise_lease(Lease(0, c.request, "ref", float("inf"), None, 1)).output
         assert np.array_equal(c.output.latents, ref.latents) and np.array_equal(c.output.image, ref.image)
         assert np.array_equal(c.output.log_probs, ref.log_probs)
     for w in (first, second):
@@ -170,7 +170,7 @@ def test_an_sp_group_leader_leases_batches_for_its_group(cluster):
     use = ray.get(group[0].queue_use.remote())
     assert use["calls"] - use["empty_pulls"] == 2, "batches of 2 and 1, the last reported with an empty pull"
     for c in completions:  # SP 2 against one worker: equal to fp32 rounding (1e-5)
-        ref = cluster["reference"].run(Lease(0, c.request, "ref", float("inf"), None, 1)).output
+        ref = cluster["reference"].denoise_lease(Lease(0, c.request, "ref", float("inf"), None, 1)).output
         assert np.abs(c.output.latents - ref.latents).max() < 1e-5
     for w in group:
         ray.kill(w, no_restart=True)

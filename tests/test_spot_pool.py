@@ -239,12 +239,12 @@ class Killed(Exception):
 def executors():
     import torch
 
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from tests.runtime_helpers import random_policy, tiny_config
 
     torch.set_num_threads(1)
     cfg = tiny_config()
-    return {w: RolloutExecutor(random_policy(cfg, seed=3), commit_every=2) for w in ("spot", "ondemand", "ref")}
+    return {w: RolloutEngine(random_policy(cfg, seed=3), commit_every=2) for w in ("spot", "ondemand", "ref")}
 
 
 def one_request_queue() -> tuple[RequestQueue, object]:
@@ -268,12 +268,12 @@ def stop_after(steps: int, *, kill: bool):
 @pytest.mark.parametrize("step", [1, 5])
 def test_notice_at_step_s_commits_and_another_worker_resumes_bit_identically(executors, step):
     queue, lease = one_request_queue()
-    committed = executors["spot"].run(lease, stop_after(step, kill=False))
+    committed = executors["spot"].denoise_lease(lease, stop_after(step, kill=False))
     assert committed.state.step_index == step and queue.commit("spot", committed.state)
     (resumed,) = queue.pull("ondemand")
     assert resumed.resume.step_index == step
-    out = executors["ondemand"].run(resumed).output
-    ref = executors["ref"].run(one_request_queue()[1]).output
+    out = executors["ondemand"].denoise_lease(resumed).output
+    ref = executors["ref"].denoise_lease(one_request_queue()[1]).output
     assert out.resumed_from == step
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
 
@@ -282,13 +282,13 @@ def test_notice_at_step_s_commits_and_another_worker_resumes_bit_identically(exe
 def test_kill_without_notice_loses_at_most_commit_every_steps(executors, step):
     queue, lease = one_request_queue()
     with pytest.raises(Killed):  # checkpoints every 2 steps reach the queue; then the process dies
-        executors["spot"].run(lease, stop_after(step, kill=True), on_checkpoint=lambda s: queue.checkpoint("spot", s))
+        executors["spot"].denoise_lease(lease, stop_after(step, kill=True), on_checkpoint=lambda s: queue.checkpoint("spot", s))
     assert queue.worker_lost("spot") == 1
     (resumed,) = queue.pull("ondemand")
     lost = step - resumed.resume.step_index
     assert 0 < lost <= 2
-    out = executors["ondemand"].run(resumed).output
-    ref = executors["ref"].run(one_request_queue()[1]).output
+    out = executors["ondemand"].denoise_lease(resumed).output
+    ref = executors["ref"].denoise_lease(one_request_queue()[1]).output
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
 
 

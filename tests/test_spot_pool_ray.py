@@ -28,7 +28,7 @@ TIMEOUT_S = 60.0
 def cluster(tmp_path_factory):
     import torch
 
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.runtime.ray_backend import RayClusterConfig, init_ray
     from roll_spotlight.weights import WeightStore
 
@@ -38,7 +38,7 @@ def cluster(tmp_path_factory):
     path = str(save_random_policy(cfg, tmp_path_factory.mktemp("spot") / "policy.pt", seed=5))
     store = WeightStore.create(keep=1)
     store.publish(0, random_policy(cfg, seed=5).state_dict())
-    yield {"path": path, "store": store, "reference": RolloutExecutor(random_policy(cfg, seed=5))}
+    yield {"path": path, "store": store, "reference": RolloutEngine(random_policy(cfg, seed=5))}
     ray.shutdown()
 
 
@@ -77,7 +77,7 @@ def wait_for_completion(queue, pool, now: float):
 
 
 def assert_equals_uninterrupted(cluster, completion) -> None:
-    ref = cluster["reference"].run(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    ref = cluster["reference"].denoise_lease(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
     out = completion.output
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
     assert np.array_equal(out.image, ref.image)
@@ -124,7 +124,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     from roll_spotlight.config.strict import to_dict
     from roll_spotlight.dispatch.queue_actor import create_queue_actor
     from roll_spotlight.models import ModelConfig, build_policy
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.weights import WeightStore
     from tests.qwen_helpers import save_tiny_qwen
 
@@ -148,7 +148,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     assert launcher.wait_stopped("spot-z/a", TIMEOUT_S)["committed"] == 1
     (completion,) = wait_for_completion(queue, pool, 95.0)
     assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
-    ref = RolloutExecutor(trained).run(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    ref = RolloutEngine(trained).denoise_lease(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
     assert np.array_equal(completion.output.latents, ref.latents)
     assert np.array_equal(completion.output.log_probs, ref.log_probs)
     pool.close(100.0)

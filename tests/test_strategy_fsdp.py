@@ -33,12 +33,12 @@ def _batch(cfg):
     """Rollout outputs of one iteration from the seed-0 policy, and continuous rewards."""
     from roll_spotlight.dispatch.requests import Lease, Request
     from roll_spotlight.runtime.coordinator import iteration_specs
-    from roll_spotlight.worker.engine import RolloutExecutor
+    from roll_spotlight.worker.engine import RolloutEngine
     from roll_spotlight.training.prompt_pools import train_pool
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, weight_version=0)
-    executor = RolloutExecutor(random_policy(cfg))
-    outputs = [executor.run(Lease(0, Request.from_spec(i, s), "t", math.inf, None, 1)).output
+    executor = RolloutEngine(random_policy(cfg))
+    outputs = [executor.denoise_lease(Lease(0, Request.from_spec(i, s), "t", math.inf, None, 1)).output
                for i, s in enumerate(specs)]
     groups = np.repeat(np.arange(len(specs) // cfg.train.group_size), cfg.train.group_size)
     rewards = np.random.default_rng(3).uniform(size=len(specs))

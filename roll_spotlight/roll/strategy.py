@@ -74,7 +74,7 @@ class DiffusersRolloutStrategy:
         Every rank of an SP group must be given the same `specs`; its followers return Nones."""
         from roll_spotlight.runtime.local import drain_local
 
-        return drain_local(self.queue, specs, self._run)
+        return drain_local(self.queue, specs, self._roll_out, self.compute.engine.max_batch)
 
     def drain(self, client) -> int:
         """The worker loop (`worker.loop`) over the shared queue (a ``QueueClient``) until
@@ -86,13 +86,10 @@ class DiffusersRolloutStrategy:
         counters = loop.serve(idle=lambda: True, group=self.sp_group)
         return counters["completed"] + counters["micro_batches"] if self.leader else 0
 
-    def _run(self, lease):
-        from roll_spotlight.worker.engine import Finished
-
-        self.compute.hold_version(lease.request.weight_version)
-        outcome = self.compute.rollout(lease, decode=self.leader)
-        assert isinstance(outcome, Finished), "an on-demand ROLL rank is never asked to stop"
-        return outcome.output
+    def _roll_out(self, leases):
+        """On-demand ROLL ranks are never asked to stop: leases run to the end."""
+        self.compute.hold_version(leases[0].request.weight_version)
+        return self.compute.engine.roll_out(leases, decode=self.leader)
 
 
 class DiffusersTrainStrategy:

@@ -1,4 +1,4 @@
-"""In-process backend: the same queue, executor and trainer as the Ray runtime, in one process.
+"""In-process backend: the same queue, rollout engine and trainer as the Ray runtime, in one process.
 
 It is the reference implementation of the loop (and what `spotlight train` runs by default):
 the distributed backend must produce what this one produces.
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
-from roll_spotlight.worker.engine import Finished, RolloutExecutor
+from roll_spotlight.worker.engine import RolloutEngine, by_shape
 from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
@@ -20,12 +20,15 @@ from roll_spotlight.timeline import Timeline
 WORKER = "local"
 
 
-def drain_local(queue: RequestQueue, specs, run) -> list:
-    """Submit `specs` to an in-process queue and run every lease here with `run(lease) -> output`;
-    the outputs in the order of `specs`. The queue is left empty for the next batch."""
+def drain_local(queue: RequestQueue, specs, roll_out, max_batch: int = 1) -> list:
+    """Submit `specs` to an in-process queue and run its leases here, up to `max_batch` of one shape
+    at a time, with `roll_out(leases) -> outputs`; the outputs in the order of `specs`. The queue
+    is left empty for the next batch."""
     ids = queue.submit(specs)
-    while leases := queue.pull(WORKER, 1):
-        queue.complete(leases[0].result(run(leases[0])))
+    while leases := queue.pull(WORKER, max_batch):
+        for group in by_shape(leases):
+            for lease, output in zip(group, roll_out(group)):
+                queue.complete(lease.result(output))
     done = {c.request.request_id: c.output for c in queue.take_results()}
     queue.forget_finished()
     return [done[i] for i in ids]
@@ -35,8 +38,8 @@ class LocalBackend:
     def __init__(self, cfg: RunConfig, policy):
         self.core = TrainerCore(cfg, policy)
         self.queue = RequestQueue(QueueConfig())
-        self.executor = RolloutExecutor(policy)
-        self.stale: RolloutExecutor | None = None
+        self.engine = RolloutEngine(policy, max_batch=cfg.sampling.max_batch)
+        self.stale: RolloutEngine | None = None
         self.stale_version: int | None = None
         self._timeline = Timeline(WORKER, time.monotonic)
         self._version = self.core.weight_version
@@ -53,13 +56,11 @@ class LocalBackend:
 
     def rollouts(self, specs, phase: str = "rollout") -> list:
         with self._timeline.phase(phase):
-            self.executor.invalidate()  # weights changed since the last iteration
-            return drain_local(self.queue, specs, self._run)
+            self.engine.invalidate()  # weights changed since the last iteration
+            return drain_local(self.queue, specs, self._roll_out, self.engine.max_batch)
 
-    def _run(self, lease):
-        outcome = self._executor_for(lease.request.weight_version).run(lease)
-        assert isinstance(outcome, Finished), "the local worker is never preempted"
-        return outcome.output
+    def _roll_out(self, leases):
+        return self._engine_for(leases[0].request.weight_version).roll_out(leases)
 
     def rollouts_scored(self, specs) -> tuple[list, object]:
         """Rollouts, then their rewards (no overlap on this backend)."""
@@ -73,10 +74,10 @@ class LocalBackend:
     def explore(self, specs) -> list:
         return self.rollouts(specs, phase="explore")
 
-    def _executor_for(self, version: int) -> RolloutExecutor:
+    def _engine_for(self, version: int) -> RolloutEngine:
         """The current weights, or the copy kept from before the last update (stale exploration)."""
         if version == self.core.weight_version:
-            return self.executor
+            return self.engine
         assert self.stale is not None and version == self.stale_version, f"weight version {version} is not held"
         return self.stale
 
@@ -107,7 +108,7 @@ class LocalBackend:
         import copy
 
         if self.stale is None:
-            self.stale = RolloutExecutor(copy.deepcopy(self.core.policy))
+            self.stale = RolloutEngine(copy.deepcopy(self.core.policy), max_batch=self.engine.max_batch)
         self.stale.policy.load_published_state(self.core.policy.published_state())
         self.stale.invalidate()
         self.stale_version = self.core.weight_version

@@ -2,7 +2,7 @@
 
 - `loop`:          the one worker loop between two leases (`WorkerLoop`).
 - `compute`:       a policy's work (`ModelCompute`): rollouts through `engine`, training micro-batches.
-- `engine`:        one leased request rolled out on a policy, resumable at any step (no Ray).
+- `engine`:        leases of one shape denoised together, one forward per step, each resumable (no Ray).
 - `sp_group`:      an SP rollout group of several workers denoising one image.
 - `emulated`:      emulated GPUs: a worker's compute waiting calibrated durations.
 - `actor`:         the rollout worker as a Ray actor; `policy_source`: what a worker loads.

@@ -2,7 +2,7 @@
 
 `ModelCompute` is what the worker loop (`worker.loop`) runs on a model, for every host:
 it holds one weight version at a time (fetched from the run's weight store the first time a
-lease names it, or set by a peer's copy), rolls leases out with the `RolloutExecutor` and computes
+lease names it, or set by a peer's copy), rolls leases out with the `RolloutEngine` and computes
 training micro-batches with the trainer's own loss code (`training.grpo.GRPOLoss`), so a worker
 computes exactly what the trainer would.
 
@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from roll_spotlight.dispatch.requests import MicroBatch
-from roll_spotlight.worker.engine import RolloutExecutor
+from roll_spotlight.worker.engine import RolloutEngine
 from roll_spotlight.training.micro_batches import LOSS_TOTALS, GradientSum, TrainWork, compute_sum, reduce_flat
 
 
@@ -30,8 +30,9 @@ class ModelCompute:
     micro-batches, and a newcomer's weight copy from a peer (the elastic pool's). ``lock``
     guards a version change against a peer copy in another thread."""
 
-    def __init__(self, policy, store=None, *, version: int | None = None, commit_every: int = 0) -> None:
-        self.executor = RolloutExecutor(policy, commit_every=commit_every)
+    def __init__(self, policy, store=None, *, version: int | None = None, commit_every: int = 0,
+                 max_batch: int = 1) -> None:
+        self.engine = RolloutEngine(policy, max_batch=max_batch, commit_every=commit_every)
         self.store, self.version = store, version
         self.lock = threading.Lock()
         self.shared = False  # the parameters are read-only views of a peer's object (elastic.transfer)
@@ -42,7 +43,7 @@ class ModelCompute:
 
     @property
     def policy(self):
-        return self.executor.policy
+        return self.engine.policy
 
     def hold_version(self, version: int) -> None:
         if version == self.version:
@@ -53,7 +54,7 @@ class ModelCompute:
         with self.lock:
             self.own_weights()
             self.policy.load_published_state(self.store.fetch(version))
-            self.executor.invalidate()
+            self.engine.invalidate()
             self.version, self.published = version, None
             self.counters["weight_fetches"] += 1
 
@@ -129,13 +130,13 @@ class ModelCompute:
 
     def _adopted(self, version: int | None, published=None) -> None:
         """The weights of ``version`` came from a peer (``published``: the object they are views of)."""
-        self.executor.invalidate()
+        self.engine.invalidate()
         self.version, self.published = version, published
         self.counters["peer_weight_copies"] += 1
 
     def rollout(self, lease, should_stop: Callable[[], bool] = lambda: False, on_checkpoint=None, *,
                 decode: bool = True):
-        return self.executor.run(lease, should_stop, on_checkpoint, decode=decode)
+        return self.engine.denoise_lease(lease, should_stop, on_checkpoint, decode=decode)
 
     def gradient_sum(self, work: TrainWork, micro_batches: Sequence[MicroBatch], worker: str,
                      should_stop: Callable[[], bool], group=None) -> tuple[int, GradientSum | None]:
@@ -167,8 +168,8 @@ class ModelCompute:
         from roll_spotlight.dispatch.requests import Lease, Request
 
         spec = RequestSpec(0, "", 0, Schedule(num_steps=2, noise_level=0.7), 0, RequestKind.ROLLOUT, 0)
-        self.executor.run(Lease(0, Request.from_spec(0, spec), "warm-up", float("inf"), None, 1))
-        self.executor.invalidate()  # the warm-up's prompt encoding is not kept
+        self.engine.denoise_lease(Lease(0, Request.from_spec(0, spec), "warm-up", float("inf"), None, 1))
+        self.engine.invalidate()  # the warm-up's prompt encoding is not kept
 
 
 def trained_parameters(policy, trained) -> dict:

@@ -1,38 +1,82 @@
-"""Execute one leased request: a seeded rollout at batch size 1, resumable at any step.
+"""The rollout engine: leased requests of one shape denoised together, one forward per step.
 
-Each request is rolled out alone (batch size 1). On CPU, matmul results differ in the last bits
-with the batch size, so batching requests that happen to be pulled together would make outputs
-depend on scheduling; at batch 1 a trajectory is a pure function of (weights, prompt, seed,
-schedule) on every worker, which is what makes resume-after-preemption bit-identical and two runs
-of the same config bit-identical. For the tiny model batch 1 costs little (a B=2 forward takes
-about 2.5x a B=1 forward on these cores).
+A batch holds up to ``max_batch`` requests of one shape (weight version, steps, noise level and
+kind; resolution and CFG are the policy's), each in a slot of `flow_grpo.RolloutSlots` with its
+own step, seed and noise window, so a request resumed at step k shares a forward with fresh ones.
+At every step boundary the engine hands the worker loop a `StepReport` (the rows that finished,
+the steps the others reached); the loop answers with leases for the free slots, or None to stop,
+and then every row in flight is committed as its own `InFlightState`, resumable in any batch on
+any worker (step-level batching, as vLLM-Omni's diffusion step execution).
 
-    lease --> [resume state?] --> step, step, ... --(stop requested)--> Committed(InFlightState)
-                                              \\--(all steps done)----> Finished(RolloutOutput)
+    denoise_batch(leases) --> step --> report --(refills)--> step --> ... --(None)--> Committed rows
+                                                 \\--> Finished rows, as they end
+
+Bits: at ``max_batch: 1`` a trajectory is a pure function of (weights, prompt, seed, schedule)
+on every worker, as it always was (resume bit for bit, two runs identical); batched, a row's
+velocity comes from a GEMM whose summation order depends on the batch size, so its bits move
+within the tolerance docs/design.md states ("Determinism"); its noise never does.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request
-from roll_spotlight.flow_grpo import RolloutHistory, RolloutState, SdeWindow, Trajectory, rollout, sigma_schedule
-from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput  # torch-free
+from roll_spotlight.flow_grpo import RolloutHistory, RolloutSlots, RolloutState, SdeWindow, Trajectory, denoise, \
+    noise_plan, sigma_schedule
+from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput, StepReport  # torch-free
+
+Boundary = Callable[[StepReport], "Sequence[Lease] | None"]
+"""The worker loop at a step boundary: leases for free slots (of the batch's shape), or None: stop."""
 
 
-def window_of(request: Request) -> SdeWindow:
-    return SdeWindow(*request.schedule.window)
+def batch_shape(request: Request) -> tuple:
+    """What requests must share to be denoised in one forward: weight version, steps, noise level
+    and kind (an "ode" request is an "sde" one with an empty window)."""
+    s = request.schedule
+    return request.weight_version, s.num_steps, s.noise_level, "sde" if s.kind == "ode" else s.kind
 
 
-def pack_state(traj: Trajectory, request: Request) -> InFlightState:
-    """The committed form of a partly done rollout (numpy, with its history for training)."""
-    state = traj.state(with_history=True)
-    latent = {"latents": state.latents.numpy(), "step": state.step}
+def check_one_shape(leases: Sequence[Lease], shape: tuple | None = None) -> tuple:
+    """The shape the leases share; ValueError naming the first field that differs."""
+    shape = shape or batch_shape(leases[0].request)
+    for lease in leases:
+        other = batch_shape(lease.request)
+        for name, want, got in zip(("weight_version", "schedule.num_steps", "schedule.noise_level",
+                                    "schedule.kind"), shape, other):
+            if want != got:
+                raise ValueError(f"leases of different shapes offered to one batch: request "
+                                 f"{lease.request.request_id} has {name}={got!r}, the batch {want!r}")
+    return shape
+
+
+def by_shape(leases: Sequence[Lease]) -> list[list[Lease]]:
+    """``leases`` in groups of one shape, each in the order given, groups in order of first lease."""
+    groups: dict[tuple, list[Lease]] = {}
+    for lease in leases:
+        groups.setdefault(batch_shape(lease.request), []).append(lease)
+    return list(groups.values())
+
+
+def request_plan(request: Request) -> torch.Tensor:
+    """The steps of ``request`` that get noise (its SDE window; none for "ode")."""
+    s = request.schedule
+    return noise_plan(s.kind, SdeWindow(*s.window) if s.kind != "ode" else None, s.num_steps)
+
+
+def _copy(tensor: torch.Tensor) -> np.ndarray:
+    """A host copy (a slot's buffer is refilled after its output left)."""
+    return tensor.detach().to("cpu", copy=True).numpy()
+
+
+def pack_state(state: RolloutState, request: Request) -> InFlightState:
+    """The committed form of one partly done rollout (numpy, with its history for training)."""
+    latent = {"latents": _copy(state.latents), "step": state.step}
     if state.history is not None:
-        latent |= {"history_latents": state.history.latents.numpy(),
-                   "history_log_probs": state.history.log_probs.numpy(),
+        latent |= {"history_latents": _copy(state.history.latents),
+                   "history_log_probs": _copy(state.history.log_probs),
                    "history_first_step": state.history.first_step}
     return InFlightState(request.request_id, state.step, latent, request.seed, request.weight_version)
 
@@ -47,19 +91,21 @@ def unpack_state(state: InFlightState) -> RolloutState:
     return RolloutState(int(data["step"]), torch.from_numpy(np.array(data["latents"])), (state.seed,), history)
 
 
-class RolloutExecutor:
-    """Runs leases on one policy. `should_stop` is polled between denoising steps.
+class RolloutEngine:
+    """Denoises leases on one policy, up to ``max_batch`` at a time (module docstring).
 
-    Every lease runs in eval mode, whatever mode the trainer left a shared policy in: under
+    Every batch runs in eval mode, whatever mode the trainer left a shared policy in: under
     `no_grad` torch's `TransformerEncoderLayer` takes a fused fast path in eval mode only, and its
     output differs from the train-mode path in the last bits (measured: 2.4e-7 on the tiny prompt
-    encoder). Without this an in-process run rolled out in train mode after its first update but
-    in eval mode after a resume, so resumed training metrics drifted by ~1e-5 relative.
+    encoder). Prompts are encoded one at a time and cached per weight version, so a row's
+    conditioning does not depend on its batch mates.
     """
 
-    def __init__(self, policy, *, commit_every: int = 0):
+    def __init__(self, policy, *, max_batch: int = 1, commit_every: int = 0):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"sampling.max_batch must be an integer >= 1, got {max_batch!r}")
         self.policy = policy.eval()
-        self.commit_every = commit_every
+        self.max_batch, self.commit_every = max_batch, commit_every
         self._sigmas: dict[int, torch.Tensor] = {}
         self._cond_cache: dict[str, object] = {}
 
@@ -78,38 +124,137 @@ class RolloutExecutor:
         """Call after loading new weights: cached prompt encodings belong to the old ones."""
         self._cond_cache.clear()
 
-    def run(self, lease: Lease, should_stop: Callable[[], bool] = lambda: False,
-            on_checkpoint: Callable[[InFlightState], None] | None = None, *,
-            decode: bool = True) -> Committed | Finished:
-        """Run `lease` to the end, or until `should_stop()` says so after a step. ``decode=False``:
-        a finished rollout's output is None (an SP follower: its leader returns the result)."""
-        request = lease.request
-        self.policy.eval()  # see `RolloutExecutor`: the mode changes the prompt encoder's numerics
-        state = unpack_state(lease.resume) if lease.resume is not None else None
-        start = state.step if state is not None else 0
-        traj = None
-        while traj is None or not traj.done:
-            traj = self._advance(request, state if traj is None else traj.state(), 1)
-            steps_run = traj.next_step - start
-            if not traj.done and should_stop():
-                return Committed(pack_state(traj, request), steps_run)
-            if on_checkpoint and self.commit_every and not traj.done and traj.next_step % self.commit_every == 0:
-                on_checkpoint(pack_state(traj, request))
-        return Finished(self._output(request, traj, start) if decode else None, traj.next_step - start)
+    def denoise_batch(self, leases: Sequence[Lease], at_boundary: Boundary,
+                      on_checkpoint: Callable[[InFlightState], None] | None = None, *,
+                      decode: bool = True) -> list[tuple[Lease, Committed]]:
+        """Denoise ``leases`` (one shape, at most ``max_batch``) and what ``at_boundary`` adds, until
+        no row is left or it answers None; returns the rows then in flight, each committed.
+        ``decode=False``: finished rows carry no output (an SP follower: its leader reports)."""
+        if not 0 < len(leases) <= self.max_batch:
+            raise ValueError(f"a batch takes 1 to sampling.max_batch={self.max_batch} leases, got {len(leases)}")
+        shape = check_one_shape(leases)
+        self.policy.eval()  # see `RolloutEngine`: the mode changes the prompt encoder's numerics
+        _, num_steps, noise_level, kind = shape
+        slots = RolloutSlots(self.max_batch, self.sigmas(num_steps), self.policy.latent_shape,
+                             noise_level=noise_level, kind=kind, device=self.policy.device)
+        batch = _Batch(self, slots, shape)
+        for lease in leases:
+            batch.admit(lease)
+        committed: list[tuple[Lease, Committed]] = []
 
-    def _advance(self, request: Request, state, n: int) -> Trajectory:
-        cond = self.cond(request.prompt)
-        s = request.schedule
-        return rollout(lambda x, sig: self.policy.velocity(x, sig, cond), [request.seed], self.sigmas(s.num_steps),
-                       self.policy.latent_shape, noise_level=s.noise_level, kind=s.kind if s.kind != "ode" else "sde",
-                       window=window_of(request) if s.kind != "ode" else SdeWindow(0, 0), state=state, stop_after=n)
+        def between_steps(_: RolloutSlots) -> bool:
+            refills = at_boundary(batch.report(decode))
+            if refills is None:
+                committed.extend(batch.commit_all())
+                return False
+            if on_checkpoint is not None and self.commit_every:
+                batch.checkpoint(on_checkpoint, self.commit_every)
+            for lease in refills:
+                batch.admit(lease)
+            return True
 
-    def _output(self, request: Request, traj: Trajectory, start: int) -> RolloutOutput:
+        denoise(slots, batch.velocity, between_steps)
+        return committed
+
+    def denoise_lease(self, lease: Lease, should_stop: Callable[[], bool] = lambda: False,
+                      on_checkpoint: Callable[[InFlightState], None] | None = None, *,
+                      decode: bool = True) -> Committed | Finished:
+        """One lease alone, asking ``should_stop()`` after every step but the last."""
+        finished: list[Finished] = []
+
+        def at_boundary(report: StepReport) -> list | None:
+            finished.extend(outcome for _, outcome in report.finished)
+            return None if report.running and should_stop() else []
+
+        committed = self.denoise_batch([lease], at_boundary, on_checkpoint, decode=decode)
+        return committed[0][1] if committed else finished[0]
+
+    def roll_out(self, leases: Sequence[Lease], *, decode: bool = True) -> list[RolloutOutput | None]:
+        """Run ``leases`` (one shape) to the end, ``max_batch`` at a time, refilling freed slots
+        from the rest; their outputs in the order given."""
+        waiting, done = list(leases), {}
+
+        def refill(report: StepReport) -> list[Lease]:
+            done.update((lease.lease_id, finished.output) for lease, finished in report.finished)
+            taken = waiting[:report.free]
+            del waiting[:report.free]
+            return taken
+
+        check_one_shape(leases)
+        first = waiting[:self.max_batch]
+        del waiting[:self.max_batch]
+        self.denoise_batch(first, refill, decode=decode)
+        return [done[lease.lease_id] for lease in leases]
+
+    def images(self, latents: torch.Tensor) -> np.ndarray:
+        """Final latents (B, N, C) -> (B, H, W, 3) uint8, in one decode."""
         with torch.no_grad():
-            image = self.policy.decode(traj.final).clamp(0, 1)
-        image = (image[0].permute(1, 2, 0).float().numpy() * 255.0).round().astype(np.uint8)
-        return RolloutOutput(request.request_id, request.seed, traj.latents[0].numpy(), traj.log_probs[0].numpy(),
-                             traj.noised.numpy(), image, request.weight_version, start)
+            images = self.policy.decode(latents).clamp(0, 1)
+        return (images.permute(0, 2, 3, 1).float().cpu().numpy() * 255.0).round().astype(np.uint8)
+
+
+class _Batch:
+    """The requests in a `RolloutSlots`: which lease holds which slot, and their conditioning."""
+
+    def __init__(self, engine: RolloutEngine, slots: RolloutSlots, shape: tuple) -> None:
+        self.engine, self.slots, self.shape = engine, slots, shape
+        self.rows: dict[int, tuple[Lease, int]] = {}  # slot -> (lease, the step it started at)
+        self._cond: tuple[tuple, object] | None = None
+
+    def admit(self, lease: Lease) -> None:
+        check_one_shape([lease], self.shape)
+        free = self.slots.free
+        assert free, "the worker loop offered more leases than the batch has free slots"
+        state = unpack_state(lease.resume) if lease.resume is not None else None
+        self.slots.admit(free[0], lease.request.seed, request_plan(lease.request), state)
+        self.rows[free[0]] = (lease, state.step if state is not None else 0)
+
+    def velocity(self, x: torch.Tensor, sigma: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
+        return self.engine.policy.velocity(x, sigma, self._conditioning(slots))
+
+    def _conditioning(self, slots: Sequence[int]):
+        """The active rows' prompts as one batch, rebuilt only when the rows change."""
+        key = tuple((s, self.rows[s][0].lease_id) for s in slots)
+        if self._cond is None or self._cond[0] != key:
+            from roll_spotlight.models.policy import Conditioning
+
+            parts = [self.engine.cond(self.rows[s][0].request.prompt) for s in slots]
+            self._cond = (key, parts[0] if len(parts) == 1 else Conditioning.cat(parts))
+        return self._cond[1]
+
+    def report(self, decode: bool) -> StepReport:
+        """Take the finished rows out (their outputs, decoded together) and say where the others stand."""
+        done = [s for s in self.rows if self.slots.finished(s)]
+        images = self.engine.images(self.slots.latents[done]) if decode and done else None
+        finished = []
+        for i, slot in enumerate(done):
+            lease, start = self.rows.pop(slot)
+            finished.append((lease, Finished(self._output(slot, lease.request, start, images[i]) if decode else None,
+                                             self.slots.num_steps - start)))
+            self.slots.evict(slot)
+        running = {lease.request.request_id: self.slots.step[slot] for slot, (lease, _) in self.rows.items()}
+        return StepReport(finished, running, len(self.slots.free))
+
+    def checkpoint(self, on_checkpoint: Callable[[InFlightState], None], every: int) -> None:
+        """Hand the queue the state of every row at a multiple of ``every`` steps (it goes on)."""
+        for slot, (lease, _) in self.rows.items():
+            if self.slots.step[slot] % every == 0:
+                on_checkpoint(pack_state(self.slots.state(slot), lease.request))
+
+    def _output(self, slot: int, request: Request, start: int, image: np.ndarray) -> RolloutOutput:
+        s = self.slots
+        return RolloutOutput(request.request_id, request.seed, _copy(s.history[slot]), _copy(s.log_probs[slot]),
+                             _copy(s.noised[slot]), image, request.weight_version, start)
+
+    def commit_all(self) -> list[tuple[Lease, Committed]]:
+        """Every row in flight as its own in-flight state, at the step boundary just reached."""
+        out = []
+        for slot, (lease, start) in sorted(self.rows.items()):
+            out.append((lease, Committed(pack_state(self.slots.state(slot), lease.request),
+                                         self.slots.step[slot] - start)))
+            self.slots.evict(slot)
+        self.rows.clear()
+        return out
 
 
 def stack_outputs(outputs: list[RolloutOutput], sigmas: torch.Tensor, noise_level: float, kind: str) -> Trajectory:

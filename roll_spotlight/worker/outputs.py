@@ -38,3 +38,14 @@ class Committed:
 class Finished:
     output: RolloutOutput | None  # None when run with decode=False (an SP follower)
     steps_run: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """A batch at a step boundary (`worker.engine.RolloutEngine.denoise_batch`): the rows that
+    finished, as ``(lease, Finished)``; the step each running row reached, by request id; and how many
+    slots are free for the worker loop to refill."""
+
+    finished: list
+    running: dict
+    free: int
