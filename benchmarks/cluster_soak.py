@@ -121,7 +121,8 @@ class _ClusterDrive:
                           max_workers=cfg.nodes, gpus_per_node=cfg.gpus_per_node, commit_every=cfg.commit_every)
         elastic = spot_elastic(TINY_MODEL, cfg.sp_degree, cfg.lease_s, rt.policy_path)
         self.training = start_cluster_pool(spot, rt.policy_path, rt.queue, rt.store, ondemand_gpus=1,
-                                           worker_kwargs=self.worker_kwargs, ready_timeout_s=180.0, elastic=elastic)
+                                           worker_kwargs=self.worker_kwargs, ready_timeout_s=180.0, elastic=elastic,
+                                           max_batch=cfg.max_batch)
         rt.wait_ready()
         started = []
 

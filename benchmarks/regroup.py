@@ -115,6 +115,7 @@ class _Session:
         from roll_spotlight.elastic.groups import ElasticGroups, ElasticGroupsConfig
         from roll_spotlight.elastic.rendezvous import RendezvousHost
         from roll_spotlight.worker.engine import RolloutEngine
+        from roll_spotlight.worker.loop import roll_out
         from roll_spotlight.worker.policy_source import load_policy
         from roll_spotlight.weights import WeightStore
 
@@ -122,7 +123,7 @@ class _Session:
         policy = load_policy(source)
         self.store = WeightStore.create(keep=1)
         self.store.publish(0, policy.published_state())
-        self.reference = RolloutEngine(policy).roll_out([_lease(_spec(2 * HOLD))])[0]  # SP 1, in this process
+        self.reference = roll_out(RolloutEngine(policy), [_lease(_spec(2 * HOLD))])[0]  # SP 1, in this process
         del policy
         self.queue = create_queue_actor(QueueConfig(lease_s=600.0))
         self.host = RendezvousHost("127.0.0.1")

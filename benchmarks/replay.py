@@ -1,4 +1,4 @@
-"""`python -m benchmarks.replay`: the live Ray runtime under a spot trace's preemptions, checked bit for bit.
+"""`python -m benchmarks.replay`: the live Ray runtime under a spot trace's preemptions, every output checked.
 
     trace --SpotMarket(cap, window, speedup)--> ElasticSpotPool --start/notify/kill--> spot RolloutWorkers
                                                                                         + 1 on-demand worker
@@ -10,8 +10,9 @@ replays the trace, compressed ``--speedup`` times. A driver loop keeps a backlog
 requests in the queue actor (a random-init tiny policy: correctness, not learning, is measured)
 for ``--duration`` wall seconds, stops submitting and waits until every request is done (or
 ``--drain-timeout`` passes). Then each completed request is recomputed here, uninterrupted, with
-``RolloutEngine`` on the same weights, and its final latents and log-probs are compared with
-``np.array_equal``.
+``RolloutEngine`` on the same weights, alone, and its final latents and log-probs are compared with
+``np.array_equal`` (with ``--max-batch`` > 1: within ``worker.engine.BATCHED_ATOL``, the image within
+one level).
 
 Counters of the JSON report (``kind: "measured"``):
 
@@ -19,7 +20,8 @@ Counters of the JSON report (``kind: "measured"``):
   requests with more than one accepted completion (the queue's invariant says 0);
   ``late_completions_rejected``: completions the queue refused because the lease had been revoked
   (a worker killed while reporting). ``mismatched_outputs``: outputs that differ from the
-  reference in any bit (``mismatched_resumed_outputs``: those of them that were resumed).
+  reference in any bit, or beyond the tolerance when batched (``mismatched_resumed_outputs``:
+  those of them that were resumed).
 - ``preemptions``: NODE_DOWN of a node that had a worker; ``notices``: notices delivered;
   ``resumed_from_commit``: leases granted from a committed or checkpointed state;
   ``outputs_resumed``: outputs whose final lease started past step 0.
@@ -100,7 +102,8 @@ class TraceRunConfig:
     `gpus_per_node` workers in elastic SP groups of `sp_degree`; count traces preempt them as
     `count_model` and `victims` say. A notice comes `notice_s` wall seconds ahead (None: the
     provider's notice / speedup, with a floor each tool sets), or never with `no_notice`;
-    `commit_every` > 0 also checkpoints every k steps. A driver keeps `backlog` requests of
+    `commit_every` > 0 also checkpoints every k steps; workers denoise up to `max_batch` requests
+    together. A driver keeps `backlog` x `max_batch` requests of
     `num_steps` denoising steps pending per serving worker for `duration_s` wall seconds, then
     waits up to `drain_timeout_s`; leases last `lease_s`; the driver polls every `poll_s`.
     `address` joins a running Ray cluster. Soak: `sample_s` is its memory sampling period.
@@ -122,6 +125,7 @@ class TraceRunConfig:
     no_notice: bool = False
     notice_s: float | None = None
     commit_every: int = 0
+    max_batch: int = 1
     num_steps: int = 12
     noise_level: float = 0.7
     backlog: int = 2
@@ -139,7 +143,7 @@ class TraceRunConfig:
         require_number("--notice-s", self.notice_s, optional=True)
         require(self.start_s == "auto" or (isinstance(self.start_s, (int, float)) and self.start_s >= 0),
                 "--start-s", self.start_s, "must be trace seconds >= 0 or 'auto'")
-        for name in ("nodes", "gpus_per_node", "sp_degree", "num_steps", "backlog"):
+        for name in ("nodes", "gpus_per_node", "sp_degree", "num_steps", "backlog", "max_batch"):
             require_int(flag(name), getattr(self, name))
         require_int("--commit-every", self.commit_every, ">= 0", why="(0: only on notice)")
         require_choice("--victims", self.victims, VICTIM_RULES)
@@ -300,7 +304,8 @@ class _Runtime:
         self.store = WeightStore.create(keep=1)
         self.store.publish(0, policy.state_dict())
         self.ondemand = RolloutWorker.options(resources={ONDEMAND: 1}).remote(
-            ONDEMAND_WORKER, self.policy_path, self.queue, self.store, threads=1, commit_every=cfg.commit_every)
+            ONDEMAND_WORKER, self.policy_path, self.queue, self.store, threads=1, commit_every=cfg.commit_every,
+            max_batch=cfg.max_batch)
         self.ondemand_serving = self.ondemand.serve.remote()
 
     def wait_ready(self) -> None:
@@ -356,7 +361,7 @@ def _run_loop(cfg: TraceRunConfig, rt: _Runtime, pool, poll, stream: RequestStre
         poll(now)
         if submit:
             pending, _ = ray.get(rt.queue.counts.remote())
-            target = cfg.backlog * (1 + pool.serving)
+            target = cfg.backlog * cfg.max_batch * (1 + pool.serving)
             if pending < target:
                 ray.get(rt.queue.submit.remote(stream.take(target - pending)))
 
@@ -366,20 +371,25 @@ def _run_loop(cfg: TraceRunConfig, rt: _Runtime, pool, poll, stream: RequestStre
     pump(rt.queue, done=done, on_completions=results.add, tick=tick, poll_s=cfg.poll_s)
 
 
-def check_outputs(policy_path: str, completions: list) -> tuple[int, int]:
-    """Recompute each completed request uninterrupted in this process; returns (mismatched,
-    mismatched among resumed outputs). Bit for bit: final latents, log-probs and image."""
+def check_outputs(policy_path: str, completions: list, batched: bool = False) -> tuple[int, int]:
+    """Recompute each completed request uninterrupted in this process, alone; returns (mismatched,
+    mismatched among resumed outputs). Bit for bit: final latents, log-probs and image; outputs of
+    ``batched`` workers within `worker.engine.BATCHED_ATOL`, the image within one level."""
     from roll_spotlight.dispatch.requests import Lease
     from roll_spotlight.worker.policy_source import load_policy
     from roll_spotlight.worker.engine import RolloutEngine
+    from roll_spotlight.worker.loop import roll_out
 
+    from roll_spotlight.worker.engine import BATCHED_ATOL
+
+    atol, levels = (BATCHED_ATOL, 1) if batched else (0.0, 0)
     engine = RolloutEngine(load_policy(policy_path))
     mismatched = mismatched_resumed = 0
     for c in completions:
-        reference = engine.roll_out([Lease(0, c.request, "reference", math.inf, None, 1)])[0]
-        same = (np.array_equal(reference.latents, c.output.latents)
-                and np.array_equal(reference.log_probs, c.output.log_probs)
-                and np.array_equal(reference.image, c.output.image))
+        reference = roll_out(engine, [Lease(0, c.request, "reference", math.inf, None, 1)])[0]
+        same = (np.allclose(reference.latents, c.output.latents, rtol=0, atol=atol)
+                and np.allclose(reference.log_probs, c.output.log_probs, rtol=0, atol=atol)
+                and np.abs(reference.image.astype(int) - c.output.image).max() <= levels)
         mismatched += not same
         mismatched_resumed += (not same) and c.output.resumed_from > 0
     return mismatched, mismatched_resumed
@@ -414,7 +424,7 @@ def run_checked(cfg: TraceRunConfig, trace: Trace, market: SpotMarket, drive=Non
             live, ledger = (drive or _replay_live)(cfg, rt, market, stream)
             t_ref = time.monotonic()
             completions = [live.results.completions[i] for i in sorted(live.results.completions)]
-            mismatches = check_outputs(rt.policy_path, completions)
+            mismatches = check_outputs(rt.policy_path, completions, batched=cfg.max_batch > 1)
             reference_s = time.monotonic() - t_ref
         finally:
             rt.close()
@@ -459,7 +469,7 @@ def _replay_live(cfg: TraceRunConfig, rt: _Runtime, market: SpotMarket, stream: 
     ledger = CostLedger(prices_for_trace(market.trace))
     elastic = spot_elastic(TINY_MODEL, cfg.sp_degree, cfg.lease_s, rt.policy_path)
     launcher = RayWorkerLauncher(rt.policy_path, rt.queue, rt.store, commit_every=cfg.commit_every,
-                                 gpus_per_node=cfg.gpus_per_node, elastic=elastic)
+                                 max_batch=cfg.max_batch, gpus_per_node=cfg.gpus_per_node, elastic=elastic)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
                            SpotPoolConfig(no_notice=cfg.no_notice, bill_scale=cfg.speedup,
                                           gpus_per_node=cfg.gpus_per_node))
@@ -503,6 +513,7 @@ def _report(cfg, trace, market, stream, live: _Live, ledger, mismatches, timing)
         "notice_wall_s": None if cfg.no_notice else notice_wall_s(cfg, trace.provider),
         "no_notice": cfg.no_notice,
         "commit_every": cfg.commit_every,
+        "max_batch": cfg.max_batch,
         "num_steps": cfg.num_steps,
         "requests_submitted": stream.issued,
         "requests_completed": len(results.completions),
@@ -591,7 +602,11 @@ def add_arguments(p: argparse.ArgumentParser, d: TraceRunConfig, *, minutes: boo
                    help=f"notice in wall seconds; omitted: provider notice / speedup, at least {notice_floor_s}")
     p.add_argument("--commit-every", type=int, default=d.commit_every, help="checkpoint every K steps (0: never)")
     p.add_argument("--num-steps", type=int, default=d.num_steps, help="denoising steps per request")
-    p.add_argument("--backlog", type=int, default=d.backlog, help="pending requests kept per serving worker")
+    p.add_argument("--max-batch", type=int, default=d.max_batch,
+                   help="requests a worker denoises together (sampling.max_batch); outputs then checked within "
+                        "worker.engine.BATCHED_ATOL of batch 1")
+    p.add_argument("--backlog", type=int, default=d.backlog,
+                   help="pending batches (of --max-batch requests) kept per serving worker")
     p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=d.drain_timeout_s,
                    metavar="SECONDS", help="wall seconds to wait for the drain")
     p.add_argument("--seed", type=int, default=d.seed)

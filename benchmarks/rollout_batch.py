@@ -14,6 +14,11 @@ over ``--repeats`` (the batch sizes interleaved within a repeat, so load drifts 
 
 Usage: ``python -m benchmarks.rollout_batch [--json] [--batches 1 2 4 8 16 32] [--threads 1 2]
 [--requests 64] [--repeats 5] [--out FILE]``
+
+``--runs DIR...``: instead, the rollout CPU time that each run's workers spent per denoising step
+of one sample, and per sample of ``--steps`` steps (the ``cpu_s`` and ``row_steps`` of the rollout
+and explore phases in each run's ``timeline.json``: each worker process's CPU time while it
+denoised, decode included), and each run's ratio to the first.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
     parser.add_argument("--out", help="also write the JSON result here")
+    parser.add_argument("--runs", nargs="+", metavar="DIR", help="read these runs' timelines instead")
+    parser.add_argument("--steps", type=int, default=10, help="with --runs: denoising steps of one sample")
     args = parser.parse_args(argv)
     if args.batches[0] != 1 or min(args.batches) < 1 or min(args.threads) < 1 or args.repeats < 1:
         parser.error("--batches must start with 1 (the reference); batches, threads and repeats >= 1")
@@ -57,11 +64,12 @@ def leases(cfg, n: int) -> list:
 def measure(policy, batch: int, work: list) -> tuple[float, float, list]:
     """(CPU seconds, wall seconds, outputs) of the engine rolling ``work`` out at ``batch``."""
     from roll_spotlight.worker.engine import RolloutEngine
+    from roll_spotlight.worker.loop import roll_out
 
     engine = RolloutEngine(policy, max_batch=batch)
-    engine.roll_out(work[:batch])  # prompt encodings cached, allocator warm
+    roll_out(engine, work[:batch])  # prompt encodings cached, allocator warm
     cpu, wall = time.process_time(), time.perf_counter()
-    outputs = engine.roll_out(work)
+    outputs = roll_out(engine, work)
     return time.process_time() - cpu, time.perf_counter() - wall, outputs
 
 
@@ -90,6 +98,24 @@ def curve(policy, work: list, batches: list[int], repeats: int) -> dict:
     return rows
 
 
+def run_cost(run_dir: Path, steps: int) -> dict:
+    """Rollout CPU time per sample in a run's workers (its timeline's rollout and explore phases)."""
+    phases = [e for e in json.loads((Path(run_dir) / "timeline.json").read_text())
+              if e.get("phase") in ("rollout", "explore") and "cpu_s" in e]
+    cpu, row_steps = sum(e["cpu_s"] for e in phases), sum(e["row_steps"] for e in phases)
+    if not row_steps:
+        raise SystemExit(f"{run_dir}: no rollout phase with cpu_s in timeline.json")
+    return {"run": str(run_dir), "row_steps": row_steps, "cpu_s": round(cpu, 1),
+            "cpu_ms_per_sample": round(1e3 * cpu / row_steps * steps, 2)}
+
+
+def compare_runs(run_dirs: list[str], steps: int) -> dict:
+    rows = [run_cost(Path(d), steps) for d in run_dirs]
+    for row in rows:
+        row["ratio_vs_first"] = round(row["cpu_ms_per_sample"] / rows[0]["cpu_ms_per_sample"], 3)
+    return {"label": "MEASURED (CPU, the runs' workers)", "steps_per_sample": steps, "runs": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -99,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     from roll_spotlight.training.prompt_pools import task_vocab
 
     args = parse_args(argv)
+    if args.runs:
+        print(json.dumps(compare_runs(args.runs, args.steps), indent=None if args.json else 2))
+        return 0
     cfg = load_config(RunConfig, Path(args.config), [])
     torch.manual_seed(0)
     policy = build_policy(cfg.model, vocab=task_vocab(cfg.task))

@@ -209,10 +209,14 @@ def _variation_lines(config: dict) -> list[str]:
              f"pretrained with pretrain.seed {config.get('pretrain', {}).get('seed')} and cached, so later runs of "
              "any seed start from the same weights."]
     if spot:
+        batch = config.get("sampling", {}).get("max_batch", 1)
+        exact = ("a rollout is a pure function of (weights, prompt, seed, schedule), resumed bit for bit after a "
+                 "commit" if batch == 1 else f"workers denoise up to {batch} requests together, and a rollout, "
+                 "committed and resumed in any batch, stays within 1e-4 of itself alone")
         lines.append(f"The spot market replays on the wall clock ({config['spot'].get('compression', 1):g}x faster), "
-                     "so when notices and preemptions fall differs from run to run; a rollout is a pure function of "
-                     "(weights, prompt, seed, schedule), resumed bit for bit after a commit, and an update sums its "
-                     "micro-batches in id order, so preemptions alone do not change the curve.")
+                     f"so when notices and preemptions fall differs from run to run; {exact}, and an update sums its "
+                     "micro-batches in id order, so preemptions alone do not change the curve"
+                     f"{'' if batch == 1 else ' beyond that rounding'}.")
     if explore:
         lines.append("Stale exploration runs while each update trains and stops when it ends, so how many seeds it "
                      "explores, and so which seeds the next iteration trains on, depends on how fast the workers "

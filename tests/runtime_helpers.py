@@ -46,3 +46,16 @@ def end_rank(dist) -> None:
     dist.barrier()
     os._exit(0)
 
+
+
+def denoise_lease(compute, lease, should_stop=lambda: False, on_checkpoint=None, *, decode: bool = True):
+    """One lease alone on ``compute`` (a `RolloutEngine` or a `worker.loop.Compute`), asking
+    ``should_stop()`` after every step but the last: its outcome, committed if it stopped early."""
+    finished = []
+
+    def at_boundary(report):
+        finished.extend(outcome for _, outcome in report.finished)
+        return None if report.running and should_stop() else []
+
+    committed = compute.denoise_batch([lease], at_boundary, on_checkpoint, decode=decode)
+    return committed[0][1] if committed else finished[0]

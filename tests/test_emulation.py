@@ -19,7 +19,7 @@ from roll_spotlight.config.run import RunConfig
 from roll_spotlight.config.strict import load_config
 from roll_spotlight.dispatch.requests import Lease, Request, RequestKind, RequestSpec, Schedule
 from roll_spotlight.worker.emulated import EmulatedCompute, Emulation, mismatched, workload_of
-from tests.runtime_helpers import REPO
+from tests.runtime_helpers import REPO, denoise_lease
 
 RECIPE = REPO / "configs" / "qwen_image_ocr_512.yaml"
 
@@ -49,16 +49,16 @@ def lease(seed: int = 7, version: int = 3, resume=None) -> Lease:
 
 def test_a_committed_stand_in_rollout_resumes_to_the_uninterrupted_output(prompts):
     compute = EmulatedCompute(emulation(prompts))
-    whole = compute.rollout(lease()).output
+    whole = denoise_lease(compute, lease()).output
     calls = []
-    stopped = compute.rollout(lease(), should_stop=lambda: calls.append(1) or len(calls) == 4)
+    stopped = denoise_lease(compute, lease(), should_stop=lambda: calls.append(1) or len(calls) == 4)
     assert stopped.state.step_index == 4 and stopped.steps_run == 4
-    resumed = compute.rollout(lease(resume=stopped.state)).output
+    resumed = denoise_lease(compute, lease(resume=stopped.state)).output
     assert resumed.resumed_from == 4 and np.array_equal(resumed.latents, whole.latents)
     assert not mismatched(whole) and not mismatched(resumed)
     wrong = stopped.state.latent["latents"].copy()
     wrong[-1] += 1.0  # a resume from another state ends elsewhere, and the check sees it
-    corrupt = compute.rollout(lease(resume=type(stopped.state)(5, 4, {"latents": wrong}, 7, 3))).output
+    corrupt = denoise_lease(compute, lease(resume=type(stopped.state)(5, 4, {"latents": wrong}, 7, 3))).output
     assert mismatched(corrupt)
 
 

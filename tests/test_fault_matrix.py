@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runtime_helpers import random_policy, tiny_config
+from tests.runtime_helpers import denoise_lease, random_policy, tiny_config
 
 SPOT = ("spot-0", "spot-1")
 ONDEMAND = "ondemand-0"
@@ -134,7 +134,7 @@ class FaultyBackend:
             return False
 
         try:
-            outcome = worker.executor.denoise_lease(lease, should_stop,
+            outcome = denoise_lease(worker.executor, lease, should_stop,
                                           on_checkpoint=lambda s: self.queue.checkpoint(worker.name, s))
         except Killed:
             worker.alive = False
@@ -429,25 +429,25 @@ def test_row_queue_actor_crash_recovers_from_its_journal(ray_cluster, tmp_path):
     ids = ray.get(queue.submit.remote(specs))
     a, b = ray.get(queue.pull.remote("a", 1)), ray.get(queue.pull.remote("b", 2))
     stop_after_2 = iter([False, True])
-    partial = executor.denoise_lease(a[0], lambda: next(stop_after_2))
+    partial = denoise_lease(executor, a[0], lambda: next(stop_after_2))
     assert ray.get(queue.checkpoint.remote("a", partial.state))
-    assert ray.get(queue.complete.remote(b[0].result(executor.denoise_lease(b[0]).output)))
+    assert ray.get(queue.complete.remote(b[0].result(denoise_lease(executor, b[0]).output)))
     before = ray.get(queue.snapshot.remote())
 
     ray.kill(queue, no_restart=False)  # the queue's process dies; Ray restarts it
     assert _restarted(ray, queue), "the restarted actor replayed its journal"
     assert ray.get(queue.snapshot.remote()) == before
     resumed = dataclasses.replace(a[0], resume=partial.state)
-    assert ray.get(queue.complete.remote(a[0].result(executor.denoise_lease(resumed).output))), "old lease still valid"
-    assert ray.get(queue.complete.remote(b[1].result(executor.denoise_lease(b[1]).output)))
+    assert ray.get(queue.complete.remote(a[0].result(denoise_lease(executor, resumed).output))), "old lease still valid"
+    assert ray.get(queue.complete.remote(b[1].result(denoise_lease(executor, b[1]).output)))
     while leases := ray.get(queue.pull.remote("c", 1)):
-        assert ray.get(queue.complete.remote(leases[0].result(executor.denoise_lease(leases[0]).output)))
+        assert ray.get(queue.complete.remote(leases[0].result(denoise_lease(executor, leases[0]).output)))
     results = ray.get(queue.take_results.remote())
     stats = ray.get(queue.stats.remote())
     assert [c.request.request_id for c in results] == ids
     assert stats.completed == len(ids) and stats.duplicate_completions == 0
     for c in results:
-        ref = executor.denoise_lease(Lease(0, c.request, "ref", math.inf, None, 1)).output
+        ref = denoise_lease(executor, Lease(0, c.request, "ref", math.inf, None, 1)).output
         assert np.array_equal(ref.latents, c.output.latents) and np.array_equal(ref.log_probs, c.output.log_probs)
     ray.kill(queue, no_restart=True)
 

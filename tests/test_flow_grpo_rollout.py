@@ -6,7 +6,6 @@ import torch
 
 from roll_spotlight.flow_grpo import (
     RolloutSlots,
-    RolloutState,
     SdeWindow,
     StepKind,
     denoise,
@@ -109,9 +108,12 @@ def test_resume_in_a_different_batch_is_bit_identical(model, sigmas, full):
     k = 3
     part = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, stop_after=k)
     stranger = rollout(model, [7], sigmas, LATENT, noise_level=A, stop_after=k)
-    merged = RolloutState.concat([part.state().select([3, 1]), stranger.state()])
-    assert merged.seeds == (104, 102, 7)
-    resumed = rollout(model, merged.seeds, sigmas, LATENT, noise_level=A, state=merged)
+    slots = RolloutSlots(3, sigmas, LATENT, noise_level=A)
+    for slot, (seed, state) in enumerate([(104, part.state().select([3])), (102, part.state().select([1])),
+                                          (7, stranger.state())]):
+        slots.admit(slot, seed, noise_plan("sde", None, NUM_STEPS), state)
+    denoise(slots, lambda x, sigma, rows: model(x, sigma))
+    resumed = slots.trajectory(range(3))
     _assert_same(resumed.select([0, 1]), full.select([3, 1]))
     alone = rollout(model, [7], sigmas, LATENT, noise_level=A)
     assert torch.equal(resumed.final[2:], alone.final)
@@ -186,8 +188,6 @@ def test_invalid_rollout_arguments_raise(model, sigmas, full):
         recompute_log_probs(model, full, 0, noise_level=0.5)
     with pytest.raises(ValueError, match="kind='cps'"):
         recompute_log_probs(model, full, 0, noise_level=A, kind=StepKind.CPS)
-    with pytest.raises(ValueError, match="history"):
-        RolloutState.concat([full.state(), full.state(with_history=False)])
 
 
 # ---- step-level batching: RolloutSlots and denoise

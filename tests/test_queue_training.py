@@ -23,7 +23,7 @@ from roll_spotlight.config.strict import ConfigError
 from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
 from roll_spotlight.dispatch.requests import plan_micro_batches
 from roll_spotlight.training.micro_batches import GradientSum, TrainWork, combine, compute_sum
-from tests.runtime_helpers import random_policy, tiny_config
+from tests.runtime_helpers import denoise_lease, random_policy, tiny_config
 
 RTOL, ATOL = 1e-5, 1e-7
 LORA = ("train.use_lora=true", "train.lora.rank=4", "train.lora.alpha=8.0")
@@ -44,7 +44,7 @@ def scored_batch(cfg, policy, seed: int = 0) -> ScoredBatch:
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)
     executor = RolloutEngine(policy)
-    outputs = [executor.denoise_lease(Lease(i, Request.from_spec(i, s), "w", float("inf"), None, 1)).output
+    outputs = [denoise_lease(executor, Lease(i, Request.from_spec(i, s), "w", float("inf"), None, 1)).output
                for i, s in enumerate(specs)]
     rewards = np.asarray(configured_reward(cfg.reward)(np.stack([o.image for o in outputs]),
                                                        [s.prompt for s in specs]).rewards)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runtime_helpers import denoise_lease
+
 pytestmark = pytest.mark.roll
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,7 +267,7 @@ def _in_process_update(run_cfg, base_path: str, before: dict) -> dict:
     policy.load_published_state(before)
     specs = iteration_specs(run_cfg, train_pool(run_cfg.task), 1, 0)
     executor = RolloutEngine(policy)
-    outputs = [executor.denoise_lease(Lease(i, Request.from_spec(i, s), "in-process", float("inf"), None, 1)).output
+    outputs = [denoise_lease(executor, Lease(i, Request.from_spec(i, s), "in-process", float("inf"), None, 1)).output
                for i, s in enumerate(specs)]
     prompts = [s.prompt for s in specs]
     rewards = configured_reward(run_cfg.reward)(np.stack([o.image for o in outputs]), prompts).rewards

@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 from roll_spotlight.dispatch import QueueConfig, RequestKind, RequestSpec, Schedule  # noqa: E402
 from roll_spotlight.dispatch.requests import Lease  # noqa: E402
 from roll_spotlight.worker.faults import FaultPlan  # noqa: E402
-from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
+from tests.runtime_helpers import denoise_lease, random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 TIMEOUT_S = 60.0
@@ -132,7 +132,7 @@ def test_a_notice_mid_batch_completes_commits_and_releases_and_another_worker_fi
     assert by_id[0].worker == "first" and {by_id[i].worker for i in (1, 2, 3)} == {"second"}
     assert by_id[1].output.resumed_from == 5
     for c in completions:  # the interrupted run equals an uninterrupted one, bit for bit
-        ref = cluster["reference"].denoise_lease(Lease(0, c.request, "ref", float("inf"), None, 1)).output
+        ref = denoise_lease(cluster["reference"], Lease(0, c.request, "ref", float("inf"), None, 1)).output
         assert np.array_equal(c.output.latents, ref.latents) and np.array_equal(c.output.image, ref.image)
         assert np.array_equal(c.output.log_probs, ref.log_probs)
     for w in (first, second):
@@ -170,7 +170,7 @@ def test_an_sp_group_leader_leases_batches_for_its_group(cluster):
     use = ray.get(group[0].queue_use.remote())
     assert use["calls"] - use["empty_pulls"] == 2, "batches of 2 and 1, the last reported with an empty pull"
     for c in completions:  # SP 2 against one worker: equal to fp32 rounding (1e-5)
-        ref = cluster["reference"].denoise_lease(Lease(0, c.request, "ref", float("inf"), None, 1)).output
+        ref = denoise_lease(cluster["reference"], Lease(0, c.request, "ref", float("inf"), None, 1)).output
         assert np.abs(c.output.latents - ref.latents).max() < 1e-5
     for w in group:
         ray.kill(w, no_restart=True)

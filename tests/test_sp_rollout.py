@@ -20,9 +20,9 @@ from roll_spotlight.elastic.comm import any_true, broadcast_object, make_process
 from roll_spotlight.elastic.rendezvous import RendezvousHost, SPMembership, group_memberships
 from roll_spotlight.elastic.ulysses import is_ulysses_applied
 from roll_spotlight.worker.engine import Committed, Finished, RolloutEngine
-from roll_spotlight.runtime.faults import FaultPlan
+from roll_spotlight.worker.faults import FaultPlan
 from roll_spotlight.worker.sp_group import SPRolloutGroup, check_sp_degree
-from tests.runtime_helpers import random_policy, save_random_policy, tiny_config
+from tests.runtime_helpers import denoise_lease, random_policy, save_random_policy, tiny_config
 
 pytestmark = pytest.mark.dist
 SCHEDULE = Schedule(num_steps=6, noise_level=0.7)
@@ -73,7 +73,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def reference(cfg):
-    return RolloutEngine(random_policy(cfg, seed=5)).denoise_lease(_lease(_spec())).output
+    return denoise_lease(RolloutEngine(random_policy(cfg, seed=5)), _lease(_spec())).output
 
 
 def test_group_decisions_are_the_same_on_every_rank(tmp_path):
@@ -100,7 +100,7 @@ def test_a_group_rollout_equals_the_single_worker_rollout(cfg, reference, degree
         policy = policies[rank]
         group = SPRolloutGroup(policy, members[rank])
         executor = RolloutEngine(policy)
-        outcome = executor.denoise_lease(_lease(_spec()), lambda: group.any(False), decode=group.leader)
+        outcome = denoise_lease(executor, _lease(_spec()), lambda: group.any(False), decode=group.leader)
         group.close()
         return outcome
 
@@ -122,13 +122,13 @@ def test_a_notice_on_one_rank_commits_the_group_at_the_same_step_and_a_single_wo
         group = SPRolloutGroup(policy, members[rank])
         steps = iter(range(1, 100))
         notice = lambda: rank == 1 and next(steps) == 3  # noqa: E731 - rank 1's notice after step 3
-        outcome = RolloutEngine(policy).denoise_lease(_lease(_spec()), lambda: group.any(notice()), decode=group.leader)
+        outcome = denoise_lease(RolloutEngine(policy), _lease(_spec()), lambda: group.any(notice()), decode=group.leader)
         group.close()
         return outcome
 
     outcomes = _in_threads(2, rank_main)
     assert all(isinstance(o, Committed) and o.steps_run == 3 and o.state.step_index == 3 for o in outcomes)
-    resumed = RolloutEngine(random_policy(cfg, seed=5)).denoise_lease(_lease(_spec(), resume=outcomes[0].state)).output
+    resumed = denoise_lease(RolloutEngine(random_policy(cfg, seed=5)), _lease(_spec(), resume=outcomes[0].state)).output
     assert resumed.resumed_from == 3
     assert np.abs(resumed.latents - reference.latents).max() < TOL
     assert np.abs(resumed.log_probs - reference.log_probs).max() < TOL
@@ -143,14 +143,14 @@ def test_a_qwen_image_class_policy_from_a_directory_rolls_out_in_an_sp_group(tmp
 
     model = ModelConfig(preset="qwen_image", path=str(save_tiny_qwen(tmp_path / "qwen")), image_size=32)
     spec = RequestSpec(0, 'a sign that says "spot"', 321, SCHEDULE, 0, RequestKind.ROLLOUT, 0)
-    reference = RolloutEngine(build_policy(model)).denoise_lease(_lease(spec)).output
+    reference = denoise_lease(RolloutEngine(build_policy(model)), _lease(spec)).output
     policies = [build_policy(model) for _ in range(2)]
     host = RendezvousHost("127.0.0.1")
     members = group_memberships(host.address, "qwen", 2, timeout_s=60)
 
     def rank_main(rank: int):
         group = SPRolloutGroup(policies[rank], members[rank])
-        outcome = RolloutEngine(policies[rank]).denoise_lease(_lease(spec), lambda: group.any(False), decode=group.leader)
+        outcome = denoise_lease(RolloutEngine(policies[rank]), _lease(spec), lambda: group.any(False), decode=group.leader)
         group.close()
         return outcome
 
@@ -199,7 +199,7 @@ def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_clust
         backend.close()
     single = RolloutEngine(random_policy(cfg, seed=5))
     for spec, out in zip(specs, outputs):
-        _assert_close(out, single.denoise_lease(_lease(spec)).output)
+        _assert_close(out, denoise_lease(single, _lease(spec)).output)
     leaders, followers = ("ondemand-0", "ondemand-2"), ("ondemand-1", "ondemand-3")
     assert sum(stats[n]["completed"] for n in leaders) == 4
     assert all(stats[n]["completed"] == 0 and stats[n]["sp_size"] == 2 for n in followers)

@@ -268,12 +268,12 @@ def stop_after(steps: int, *, kill: bool):
 @pytest.mark.parametrize("step", [1, 5])
 def test_notice_at_step_s_commits_and_another_worker_resumes_bit_identically(executors, step):
     queue, lease = one_request_queue()
-    committed = executors["spot"].denoise_lease(lease, stop_after(step, kill=False))
+    committed = denoise_lease(executors["spot"], lease, stop_after(step, kill=False))
     assert committed.state.step_index == step and queue.commit("spot", committed.state)
     (resumed,) = queue.pull("ondemand")
     assert resumed.resume.step_index == step
-    out = executors["ondemand"].denoise_lease(resumed).output
-    ref = executors["ref"].denoise_lease(one_request_queue()[1]).output
+    out = denoise_lease(executors["ondemand"], resumed).output
+    ref = denoise_lease(executors["ref"], one_request_queue()[1]).output
     assert out.resumed_from == step
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
 
@@ -282,13 +282,13 @@ def test_notice_at_step_s_commits_and_another_worker_resumes_bit_identically(exe
 def test_kill_without_notice_loses_at_most_commit_every_steps(executors, step):
     queue, lease = one_request_queue()
     with pytest.raises(Killed):  # checkpoints every 2 steps reach the queue; then the process dies
-        executors["spot"].denoise_lease(lease, stop_after(step, kill=True), on_checkpoint=lambda s: queue.checkpoint("spot", s))
+        denoise_lease(executors["spot"], lease, stop_after(step, kill=True), on_checkpoint=lambda s: queue.checkpoint("spot", s))
     assert queue.worker_lost("spot") == 1
     (resumed,) = queue.pull("ondemand")
     lost = step - resumed.resume.step_index
     assert 0 < lost <= 2
-    out = executors["ondemand"].denoise_lease(resumed).output
-    ref = executors["ref"].denoise_lease(one_request_queue()[1]).output
+    out = denoise_lease(executors["ondemand"], resumed).output
+    ref = denoise_lease(executors["ref"], one_request_queue()[1]).output
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
 
 

@@ -17,7 +17,7 @@ from roll_spotlight.spot_pool.ray_nodes import RayWorkerLauncher  # noqa: E402
 from roll_spotlight.spot_pool.pool import ElasticSpotPool, SpotPoolConfig# noqa: E402
 from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot import EventList, MarketConfig, NodeEvent, SpotMarket, Trace  # noqa: E402
-from tests.runtime_helpers import random_policy, save_random_policy, tiny_config  # noqa: E402
+from tests.runtime_helpers import denoise_lease, random_policy, save_random_policy, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 SCHEDULE = Schedule(num_steps=8, noise_level=0.7)
@@ -77,7 +77,7 @@ def wait_for_completion(queue, pool, now: float):
 
 
 def assert_equals_uninterrupted(cluster, completion) -> None:
-    ref = cluster["reference"].denoise_lease(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    ref = denoise_lease(cluster["reference"], Lease(0, completion.request, "ref", float("inf"), None, 1)).output
     out = completion.output
     assert np.array_equal(out.latents, ref.latents) and np.array_equal(out.log_probs, ref.log_probs)
     assert np.array_equal(out.image, ref.image)
@@ -148,7 +148,7 @@ def test_real_model_spot_workers_load_their_model_and_resume_bit_identically(clu
     assert launcher.wait_stopped("spot-z/a", TIMEOUT_S)["committed"] == 1
     (completion,) = wait_for_completion(queue, pool, 95.0)
     assert completion.worker == "spot-z/b" and completion.output.resumed_from == 3
-    ref = RolloutEngine(trained).denoise_lease(Lease(0, completion.request, "ref", float("inf"), None, 1)).output
+    ref = denoise_lease(RolloutEngine(trained), Lease(0, completion.request, "ref", float("inf"), None, 1)).output
     assert np.array_equal(completion.output.latents, ref.latents)
     assert np.array_equal(completion.output.log_probs, ref.log_probs)
     pool.close(100.0)

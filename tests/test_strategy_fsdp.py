@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.runtime_helpers import end_rank, random_policy, tiny_config
+from tests.runtime_helpers import denoise_lease, end_rank, random_policy, tiny_config
 
 pytestmark = pytest.mark.dist
 OVERRIDES = ("model.num_layers=2", "train.micro_batch_size=2", "train.kl_beta=0.05")
@@ -38,7 +38,7 @@ def _batch(cfg):
 
     specs = iteration_specs(cfg, train_pool(cfg.task), 1, weight_version=0)
     executor = RolloutEngine(random_policy(cfg))
-    outputs = [executor.denoise_lease(Lease(0, Request.from_spec(i, s), "t", math.inf, None, 1)).output
+    outputs = [denoise_lease(executor, Lease(0, Request.from_spec(i, s), "t", math.inf, None, 1)).output
                for i, s in enumerate(specs)]
     groups = np.repeat(np.arange(len(specs) // cfg.train.group_size), cfg.train.group_size)
     rewards = np.random.default_rng(3).uniform(size=len(specs))

@@ -141,6 +141,29 @@ class Request(RequestSpec):
         values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(RequestSpec)}
         return cls(request_id=request_id, **values)
 
+    @property
+    def batch_shape(self) -> tuple:
+        """What requests must share to run in one batch (`BATCH_SHAPE_FIELDS`): kind, weight
+        version, steps, noise level and step kind ("ode" is "sde" with an empty window); a TRAIN
+        request's steps stand for nothing (a gradient sum covers one update)."""
+        s = self.schedule
+        return self.kind, self.weight_version, s.num_steps, s.noise_level, "sde" if s.kind == "ode" else s.kind
+
+
+BATCH_SHAPE_FIELDS = ("kind", "weight_version", "schedule.num_steps", "schedule.noise_level", "schedule.kind")
+
+
+def check_one_shape(leases: Sequence[Lease], shape: tuple | None = None) -> tuple:
+    """The batch shape ``leases`` share (``shape``: the batch's); ValueError naming the first field
+    of a lease that differs."""
+    shape = shape or leases[0].request.batch_shape
+    for lease in leases:
+        for name, want, got in zip(BATCH_SHAPE_FIELDS, shape, lease.request.batch_shape):
+            if want != got:
+                raise ValueError(f"leases of different shapes offered to one batch: request "
+                                 f"{lease.request.request_id} has {name}={got!r}, the batch {want!r}")
+    return shape
+
 
 @dataclass(frozen=True)
 class InFlightState:

@@ -1,28 +1,14 @@
-"""Seeded, resumable Flow-GRPO rollouts, batched step by step, and the training-time recomputation
-of their log-probs.
+"""Seeded, resumable Flow-GRPO rollouts in step-level batches, and the training recompute of
+their log-probs.
 
-Every rollout runs in `RolloutSlots`: one slot per sample, each with its own step, seed and noise
-plan, advanced by `denoise` one velocity call per step for all active slots, with a hook at each
-step boundary where a scheduler takes finished samples out and refills their slots (the rollout
-engine of a worker); `rollout` is the plain case, all samples from one step to the end.
-
-A rollout is a pure function of (velocity_fn, seeds, sigmas, noise_level, kind, window): x_0 is
-initial_noise(seed) and the noise of step k is step_noise(seed, k), per sample. Hence:
-
-    rollout(seeds, ...)  ==  rollout(seeds, ..., state=rollout(seeds, ..., stop_after=k).state())
-
-bit for bit, also when the resumed batch is composed differently (RolloutState.select / concat),
-provided velocity_fn is batch-invariant (each sample's velocity does not depend on its batch mates;
-true for per-sample model calls, not guaranteed for batched CPU GEMMs) and the state's latents were
-kept in float32. A preempted worker commits `trajectory.state()` and another resumes it.
-
-Lifecycle of one sample (one denoising step per arrow):
-
-    x_0 --step 0--> x_1 --step 1--> ... --step T-1--> x_T      (done when next_step == T)
-          ^ a RolloutState(step=k, latents=x_k) can be cut at any arrow and resumed anywhere.
-
-Trajectory buffers use NaN for what this trajectory never saw (steps not run yet; steps before a
-resume whose state carried no history); ODE steps have log_prob 0.
+`RolloutSlots` holds one sample per slot, each with its own step, seed and noise plan; `denoise`
+advances every active slot with one velocity call per step and calls a hook at each step boundary
+(a worker's engine takes finished samples out and refills their slots there); `rollout` is the
+plain case. x_0 is initial_noise(seed) and step k's noise step_noise(seed, k), per sample, so a
+state cut at any step (`RolloutState`) resumes anywhere to the same trajectory: bit for bit when
+the velocity is batch-invariant, else up to the batched GEMM's rounding (docs/design.md, 5b).
+NaN marks what a trajectory never saw (steps not run, steps before a resume without history);
+ODE steps have log_prob 0.
 """
 
 from __future__ import annotations
@@ -77,25 +63,6 @@ class RolloutState:
             history = RolloutHistory(h.latents[idx], h.log_probs[idx], h.first_step)
         return RolloutState(self.step, self.latents[idx], [self.seeds[i] for i in idx], history)
 
-    @staticmethod
-    def concat(states: Sequence[RolloutState]) -> RolloutState:
-        """Merge states at the same step into one batch (histories: all or none)."""
-        if not states or len({s.step for s in states}) != 1:
-            steps = [s.step for s in states]
-            raise ValueError(f"concat needs a non-empty list of states at one step, got steps {steps}")
-        if len({s.history is None for s in states}) != 1:
-            raise ValueError("concat needs all states with history or all without")
-        seeds = [seed for s in states for seed in s.seeds]
-        latents = torch.cat([s.latents for s in states])
-        history = None
-        if states[0].history is not None:
-            history = RolloutHistory(
-                torch.cat([s.history.latents for s in states]),
-                torch.cat([s.history.log_probs for s in states]),
-                max(s.history.first_step for s in states),
-            )
-        return RolloutState(states[0].step, latents, seeds, history)
-
 
 def _check_history(history: RolloutHistory, batch: int, step: int, latent_shape: tuple[int, ...]) -> None:
     want_latents, want_log_probs = (batch, step + 1, *latent_shape), (batch, step)
@@ -145,18 +112,9 @@ class Trajectory:
     def select(self, indices: Sequence[int] | torch.Tensor) -> Trajectory:
         """The trajectory of a subset of the samples (e.g. a training micro-batch)."""
         idx = [int(i) for i in indices]  # accepts lists, numpy arrays and 1-D tensors
-        return Trajectory(
-            seeds=tuple(self.seeds[i] for i in idx),
-            sigmas=self.sigmas,
-            latents=None if self.latents is None else self.latents[idx],
-            log_probs=self.log_probs[idx],
-            noised=self.noised,
-            final=self.final[idx],
-            next_step=self.next_step,
-            kind=self.kind,
-            noise_level=self.noise_level,
-            first_step=self.first_step,
-        )
+        return Trajectory(tuple(self.seeds[i] for i in idx), self.sigmas,
+                          None if self.latents is None else self.latents[idx], self.log_probs[idx], self.noised,
+                          self.final[idx], self.next_step, self.kind, self.noise_level, self.first_step)
 
 
 def _as_schedule(sigmas: torch.Tensor | Sequence[float], device) -> torch.Tensor:
@@ -182,17 +140,11 @@ SlotVelocityFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Ten
 
 
 class RolloutSlots:
-    """The slot buffers of a step-level batch: up to `capacity` samples of one schedule, noise level
-    and kind, each in a slot of its own with its own step, seed and noise plan (step-level batching,
-    as vLLM-Omni's diffusion step execution: a scheduler picks the slots each step, one forward serves
-    them all, each request keeps its state in its slot).
-
-    Buffers are allocated once (latents, history x_0..x_T, log-probs) and written in place by index;
-    the schedule is checked once; a step moves nothing to the host. A slot is loaded by `admit`
-    (fresh, or from a RolloutState at step k), read by `trajectory` / `state`, emptied by `evict`
-    and refilled at a step boundary, while the other slots go on. A sample's draws come from its
-    own seed, so its bits depend on its batch mates only through the velocity (module docstring).
-    """
+    """Up to `capacity` samples of one schedule, noise level and kind, one per slot (step-level
+    batching, as vLLM-Omni's diffusion step execution). Buffers (latents, history, log-probs) are
+    allocated once and written by index; the schedule is checked once; a step moves nothing to the
+    host. `admit` loads a slot (fresh, or a RolloutState at step k), `trajectory` / `state` read
+    it, `evict` frees it for a refill at a step boundary while the other slots go on."""
 
     def __init__(self, capacity: int, sigmas, latent_shape: tuple[int, ...], *, noise_level: float,
                  kind: str | StepKind = "sde", keep_latents: bool = True, device=None) -> None:
@@ -336,20 +288,10 @@ def _start_state(seeds, latent_shape, state: RolloutState | None, num_steps: int
 
 
 @torch.no_grad()
-def rollout(
-    velocity_fn: VelocityFn,
-    seeds: Sequence[int],
-    sigmas: torch.Tensor | Sequence[float],
-    latent_shape: tuple[int, ...],
-    *,
-    noise_level: float,
-    kind: str | StepKind = "sde",
-    window: SdeWindow | None = None,
-    state: RolloutState | None = None,
-    stop_after: int | None = None,
-    keep_latents: bool = True,
-    device: torch.device | str | None = None,
-) -> Trajectory:
+def rollout(velocity_fn: VelocityFn, seeds: Sequence[int], sigmas: torch.Tensor | Sequence[float],
+            latent_shape: tuple[int, ...], *, noise_level: float, kind: str | StepKind = "sde",
+            window: SdeWindow | None = None, state: RolloutState | None = None, stop_after: int | None = None,
+            keep_latents: bool = True, device: torch.device | str | None = None) -> Trajectory:
     """Denoise from x_0 = initial_noise(seeds) (or from `state`) for at most `stop_after` steps:
     every sample in a slot of one `RolloutSlots`, all at one step (`denoise` with no scheduler).
 
@@ -389,14 +331,8 @@ def _check_recompute(trajectory: Trajectory, step: int, noise_level: float, kind
         )
 
 
-def recompute_log_probs(
-    velocity_fn: VelocityFn,
-    trajectory: Trajectory,
-    step: int,
-    *,
-    noise_level: float,
-    kind: str | StepKind = "sde",
-) -> StepResult:
+def recompute_log_probs(velocity_fn: VelocityFn, trajectory: Trajectory, step: int, *, noise_level: float,
+                        kind: str | StepKind = "sde") -> StepResult:
     """Re-evaluate step `step` of a recorded trajectory under the current weights, with gradients.
 
     With unchanged weights (and a batch-invariant velocity_fn) log_prob equals the rollout's

@@ -1,45 +1,18 @@
 """One denoising transition x_t -> x_{t+1} of Flow-GRPO, with the log-probability of the sample drawn.
 
-Conventions (docs/design.md section 4): sigma runs from 1 (noise) to 0 (data), dt = sigma_next - sigma < 0,
-`velocity` is the model's flow-matching velocity v, a = `noise_level`. The formulas are flow_grpo's
-(`sde_step_with_logprob`, shared by its SD3, FLUX and Qwen-Image training scripts);
-tests/test_flow_grpo_reference.py checks every kind against independent transcriptions of them.
+The formulas are flow_grpo's `sde_step_with_logprob` (docs/design.md section 4 writes them out;
+tests/test_flow_grpo_reference.py checks every kind against independent transcriptions): "sde"
+(the reverse SDE, Gaussian log-density), "cps" (coefficients-preserving sampling, flow_grpo's score
+-(x' - mean)^2, not a density), "cps_gaussian" (the "cps" transition with its exact Gaussian
+log-density: comparable across kinds, but its PPO ratio is not flow_grpo's), "ode" (Euler, std 0).
+Log-probs are averaged over the non-batch dims; a Gaussian kind with std 0 has log_prob 0 (never
+train on it). `kl_std` is what flow_grpo divides the KL by: std_t for "sde" (without sqrt(-dt)),
+the transition std for the "cps" kinds.
 
-Kinds:
-    "sde"  Flow-GRPO's reverse SDE with the marginals of the ODE:
-           std_t = a * sqrt(sigma / (1 - sigma)), with sigma_next in the denominator when sigma == 1
-           mean  = x (1 + std_t^2 dt / (2 sigma)) + v (1 + std_t^2 (1 - sigma) / (2 sigma)) dt
-           x'    = mean + std_t sqrt(-dt) eps
-           log_prob: Gaussian log-density of x' under N(mean, std_t^2 |dt|), constants included
-    "cps"  coefficients-preserving sampling: std = sigma_next sin(a pi/2), x0 = x - sigma v,
-           eps_hat = x + (1 - sigma) v, mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) eps_hat,
-           x' = mean + std eps
-           log_prob: flow_grpo's CPS score -(x' - mean)^2; not a density (no 1/(2 std^2), no constants)
-    "cps_gaussian"  the "cps" transition with the exact Gaussian log-density of x' under N(mean, std^2).
-           Not flow_grpo's objective, and the PPO ratio is NOT the same: logp - logp_old is "cps"'s
-           times 1/(2 std^2), a factor from 0.73 (first step) to 1575 (the step onto sigma 0.02) on a
-           10-step Qwen-Image schedule at a = 0.7, so the same clip range bites at different updates.
-           Kept for log-probs comparable across kinds (and testable against torch.distributions).
-    "ode"  Euler: x' = x + v dt (std 0; identical to diffusers' FlowMatchEulerDiscreteScheduler.step)
-
-Every log_prob is averaged over the non-batch dims, as flow_grpo does. A Gaussian kind with std == 0
-("ode", or "cps_gaussian" onto sigma_next == 0) has no density: its log_prob is zeros, and callers
-must not train on it. "cps" onto sigma_next == 0 keeps flow_grpo's formula: exactly 0 for the drawn
-sample (x' == mean), -(x' - mean)^2 when a recorded x' is scored under changed weights.
-
-`kl_std` is the std flow_grpo's training scripts divide the KL by (loss.gaussian_mean_kl): the
-`std_dev_t` its step returns. For "sde" that is std_t, without the transition's sqrt(-dt), so the
-KL is the transition Gaussians' exact KL times |dt|; for "cps"/"cps_gaussian" it is the transition
-std (the exact KL); for "ode" 0.
-
-Everything is computed in float32, upcast once on entry: the log-density subtracts two nearly
-equal numbers (x' - mean, of order std ~ 1e-2..1e-1) and divides by std^2; in bf16 (8 mantissa bits)
-that difference loses most of its digits and the PPO ratio exp(logp - logp_old), with clip range
-1e-4, would be pure rounding noise.
-
-Bit-identity: the latent-sized work is plain +, -, *, / (IEEE-exact in vector and scalar loops), and
-per-step coefficients are computed on the (small) sigma tensors, so a sample's result does not
-depend on which batch it runs in, given a shared (0-d) sigma.
+Everything runs in float32, upcast once: the log-density subtracts nearly equal numbers and
+divides by std^2, and in bf16 the PPO ratio (clip range 1e-4) would be rounding noise. The
+latent-sized work is plain +, -, *, / and per-row coefficients come from the sigma tensors, so a
+sample's result does not depend on its batch mates (shared or per-row sigmas alike).
 """
 
 from __future__ import annotations

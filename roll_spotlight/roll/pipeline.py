@@ -188,7 +188,7 @@ class SpotlightPipeline(BasePipeline):
                                min_degree=cfg.elastic.min_sp_degree, shape=shape)
         return start_training_pool(cfg.spot, source, queue, self.store, ondemand_gpus=self.ondemand_gpus,
                                    elastic=elastic, inbox=self.inbox if self.run_config.spot_trains() else None,
-                                   bill_scale=bill_scale)
+                                   bill_scale=bill_scale, max_batch=self.run_config.sampling.max_batch)
 
     def _check_spot(self, cfg: SpotlightConfig) -> None:
         if cfg.spot.source == "market" and ray.cluster_resources().get(SPOT_RESOURCE, 0.0) < 1:

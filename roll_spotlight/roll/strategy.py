@@ -67,14 +67,14 @@ class DiffusersRolloutStrategy:
     @classmethod
     def build(cls, cfg: RunConfig, source, store) -> "DiffusersRolloutStrategy":
         """From the run's source (`worker.policy_source`: the policy to load, or an `Emulation`)."""
-        return cls(cfg, worker_compute(source, store))
+        return cls(cfg, worker_compute(source, store, max_batch=cfg.sampling.max_batch))
 
     def rollouts(self, specs: list) -> list:
         """Outputs (runtime ``RolloutOutput``) in the order of `specs` (a static share of a batch).
         Every rank of an SP group must be given the same `specs`; its followers return Nones."""
         from roll_spotlight.runtime.local import drain_local
 
-        return drain_local(self.queue, specs, self._roll_out, self.compute.engine.max_batch)
+        return drain_local(self.queue, specs, self._roll_out, self.compute.max_batch)
 
     def drain(self, client) -> int:
         """The worker loop (`worker.loop`) over the shared queue (a ``QueueClient``) until
@@ -88,8 +88,10 @@ class DiffusersRolloutStrategy:
 
     def _roll_out(self, leases):
         """On-demand ROLL ranks are never asked to stop: leases run to the end."""
+        from roll_spotlight.worker.loop import roll_out
+
         self.compute.hold_version(leases[0].request.weight_version)
-        return self.compute.engine.roll_out(leases, decode=self.leader)
+        return roll_out(self.compute, leases, decode=self.leader)
 
 
 class DiffusersTrainStrategy:

@@ -12,6 +12,7 @@ import numpy as np
 
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
 from roll_spotlight.worker.engine import RolloutEngine, by_shape
+from roll_spotlight.worker.loop import roll_out
 from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
@@ -60,7 +61,7 @@ class LocalBackend:
             return drain_local(self.queue, specs, self._roll_out, self.engine.max_batch)
 
     def _roll_out(self, leases):
-        return self._engine_for(leases[0].request.weight_version).roll_out(leases)
+        return roll_out(self._engine_for(leases[0].request.weight_version), leases)
 
     def rollouts_scored(self, specs) -> tuple[list, object]:
         """Rollouts, then their rewards (no overlap on this backend)."""

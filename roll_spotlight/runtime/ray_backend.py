@@ -126,6 +126,7 @@ class RayBackend:
         from roll_spotlight.weights import WeightStore
 
         self.cluster = cluster or RayClusterConfig()
+        self.max_batch = cfg.sampling.max_batch
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
             slots = 2 * cfg.spot.max_workers * cfg.spot.gpus_per_node  # one worker per spot GPU
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=slots)
@@ -188,7 +189,7 @@ class RayBackend:
         return start_training_pool(cfg.spot, source, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self._ondemand_gpus(), market=market, clock=clock,
                                    worker_kwargs=worker_kwargs, elastic=elastic, inbox=self._spot_inbox,
-                                   bill_scale=bill_scale)
+                                   bill_scale=bill_scale, max_batch=cfg.sampling.max_batch)
 
     def _ondemand_gpus(self) -> int:
         """The on-demand GPUs billed: each rollout worker's, and the trainer's unless emulated GPUs
@@ -236,7 +237,7 @@ class RayBackend:
         options = {"resources": {resource: 1}, "num_gpus": worker_gpus(self._path), "name": None, **(_options or {})}
         worker = RolloutWorker.options(**options).remote(
             name, self._policy_path(), self.queue, self.store, threads=self.cluster.threads_per_actor,
-            inbox=self.inbox if resource == ONDEMAND else self._spot_inbox, **kwargs)
+            max_batch=self.max_batch, inbox=self.inbox if resource == ONDEMAND else self._spot_inbox, **kwargs)
         self.workers[name] = worker
         self.serving[name] = worker.serve.remote()
         return worker

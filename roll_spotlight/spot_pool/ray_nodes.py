@@ -52,7 +52,7 @@ class RayWorkerLauncher:
     """
 
     def __init__(self, policy_path, queue, store, *, resource: str = SPOT_RESOURCE, threads: int = 1,
-                 commit_every: int = 0, node_affinity: bool = False, probe_timeout_s: float = 2.0,
+                 commit_every: int = 0, max_batch: int = 1, node_affinity: bool = False, probe_timeout_s: float = 2.0,
                  stop_timeout_s: float = 60.0, gpus_per_node: int = 1, elastic=None, inbox=None,
                  worker_kwargs: Callable[[str], Mapping[str, object]] | None = None) -> None:
         if commit_every < 0:
@@ -60,7 +60,7 @@ class RayWorkerLauncher:
         if gpus_per_node < 1:
             raise ValueError(f"spot.gpus_per_node must be >= 1, got {gpus_per_node!r}")
         self.policy_path, self.queue, self.store = policy_path, queue, store
-        self.resource, self.threads, self.commit_every = resource, threads, commit_every
+        self.resource, self.threads, self.commit_every, self.max_batch = resource, threads, commit_every, max_batch
         self.node_affinity, self.gpus_per_node = node_affinity, gpus_per_node
         self.probe_timeout_s, self.stop_timeout_s = probe_timeout_s, stop_timeout_s
         self.worker_kwargs = worker_kwargs or (lambda node_id: {})
@@ -101,7 +101,8 @@ class RayWorkerLauncher:
         for gpu, worker in enumerate(names):
             handle = RolloutWorker.options(**options).remote(
                 worker, self.policy_path, self.queue, self.store, threads=self.threads,
-                commit_every=self.commit_every, inbox=self.inbox, **self.worker_kwargs(node_id))
+                commit_every=self.commit_every, max_batch=self.max_batch, inbox=self.inbox,
+                **self.worker_kwargs(node_id))
             self.workers[worker], self.members[worker], self._node_of[worker] = handle, (node_id, gpu), name
             self._ready[worker] = handle.prepare_standby.remote()  # loaded and warmed up
             if not self.elastic:

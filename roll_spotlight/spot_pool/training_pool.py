@@ -302,7 +302,7 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
                         market: SpotMarket | None = None, clock: Callable[[], float] | None = None,
                         worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
                         ready_timeout_s: float = 120.0, elastic=None, inbox=None,
-                        bill_scale: float = 1.0) -> TrainingSpotPool:
+                        bill_scale: float = 1.0, max_batch: int = 1) -> TrainingSpotPool:
     """Start the run's spot pool on Ray: the market's initial fleet is started and loaded before
     the clock starts (nodes alive at the window start are in steady state, not cold-starting).
     ``market``, ``clock`` and ``worker_kwargs`` are for tests (a made-up market, a fake clock,
@@ -312,16 +312,16 @@ def start_training_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand
     `ElasticGroupsConfig`, for SP degree > 1) makes them elastic SP members (``RayWorkerLauncher``);
     ``inbox`` (queue training) lets them compute micro-batches of updates too. ``bill_scale``:
     GPU-seconds per wall second on a cluster (emulated GPUs: the time-scale); a market's bills at
-    its compression."""
+    its compression. ``max_batch``: requests a worker denoises together (``sampling.max_batch``)."""
     if spot.source == "cluster" and market is None:
         return start_cluster_pool(spot, policy_path, queue, store, ondemand_gpus=ondemand_gpus, threads=threads,
                                   worker_kwargs=worker_kwargs, ready_timeout_s=ready_timeout_s, elastic=elastic,
-                                  inbox=inbox, bill_scale=bill_scale)
+                                  inbox=inbox, bill_scale=bill_scale, max_batch=max_batch)
     market = market if market is not None else training_market(spot)
     ledger = CostLedger(training_prices(spot, market.trace))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node, elastic=elastic,
-                                 inbox=inbox)
+                                 max_batch=max_batch, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
+                                 elastic=elastic, inbox=inbox)
     pool = ElasticSpotPool(MarketSchedule(market), launcher, ledger,
                            SpotPoolConfig(bill_scale=market.config.compression, gpus_per_node=spot.gpus_per_node,
                                           no_notice=not spot.commit_on_notice))
@@ -344,7 +344,7 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
                        source: EventSource | None = None,
                        worker_kwargs: Callable[[str], Mapping[str, object]] | None = None,
                        ready_timeout_s: float = 120.0, elastic=None, inbox=None,
-                       bill_scale: float = 1.0) -> TrainingSpotPool:
+                       bill_scale: float = 1.0, max_batch: int = 1) -> TrainingSpotPool:
     """The spot pool of a real cluster: ``RayNodeWatcher`` turns the Ray nodes that carry the
     ``spot_gpu`` resource (what deploy/kuberay declares on spot nodes, and what the workers ask
     for) into events; each such node gets one worker pinned to it (node affinity); a preemption
@@ -352,8 +352,8 @@ def start_cluster_pool(spot: SpotConfig, policy_path, queue, store, *, ondemand_
     ``source`` replaces the watcher (tests)."""
     ledger = CostLedger(cluster_prices(spot))
     launcher = RayWorkerLauncher(policy_path, queue, store, threads=threads, commit_every=spot.commit_every,
-                                 node_affinity=True, worker_kwargs=worker_kwargs, gpus_per_node=spot.gpus_per_node,
-                                 elastic=elastic, inbox=inbox)
+                                 max_batch=max_batch, node_affinity=True, worker_kwargs=worker_kwargs,
+                                 gpus_per_node=spot.gpus_per_node, elastic=elastic, inbox=inbox)
     pool = ElasticSpotPool(source or RayNodeWatcher(is_spot=has_spot_resource), launcher, ledger,
                            SpotPoolConfig(bill_scale=bill_scale, gpus_per_node=spot.gpus_per_node,
                                           no_notice=not spot.commit_on_notice))

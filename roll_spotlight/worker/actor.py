@@ -66,14 +66,14 @@ class RolloutWorker:
     """
 
     def __init__(self, name: str, policy_path, queue, store, *, threads: int = 1,
-                 commit_every: int = 0, kinds=None, sp=None, group_name: str | None = None,
+                 commit_every: int = 0, max_batch: int = 1, kinds=None, sp=None, group_name: str | None = None,
                  heartbeat_s: float = 5.0, inbox=None, faults=None):
         from roll_spotlight.dispatch.queue_actor import QueueClient
         from roll_spotlight.worker.loop import Signals, WorkerLoop
 
         pin_threads(threads)
         self.name = name
-        self.compute = worker_compute(policy_path, store, commit_every)
+        self.compute = worker_compute(policy_path, store, commit_every, max_batch)
         signals = Signals()
         self.hold = None
         if faults is not None:

@@ -134,9 +134,12 @@ class ModelCompute:
         self.version, self.published = version, published
         self.counters["peer_weight_copies"] += 1
 
-    def rollout(self, lease, should_stop: Callable[[], bool] = lambda: False, on_checkpoint=None, *,
-                decode: bool = True):
-        return self.engine.denoise_lease(lease, should_stop, on_checkpoint, decode=decode)
+    @property
+    def max_batch(self) -> int:
+        return self.engine.max_batch
+
+    def denoise_batch(self, leases, at_boundary, on_checkpoint=None, *, decode: bool = True):
+        return self.engine.denoise_batch(leases, at_boundary, on_checkpoint, decode=decode)
 
     def gradient_sum(self, work: TrainWork, micro_batches: Sequence[MicroBatch], worker: str,
                      should_stop: Callable[[], bool], group=None) -> tuple[int, GradientSum | None]:
@@ -166,9 +169,10 @@ class ModelCompute:
         costs about half a step more than later ones (allocator and kernel set-up)."""
         from roll_spotlight.dispatch import RequestKind, RequestSpec, Schedule
         from roll_spotlight.dispatch.requests import Lease, Request
+        from roll_spotlight.worker.loop import roll_out
 
         spec = RequestSpec(0, "", 0, Schedule(num_steps=2, noise_level=0.7), 0, RequestKind.ROLLOUT, 0)
-        self.engine.denoise_lease(Lease(0, Request.from_spec(0, spec), "warm-up", float("inf"), None, 1))
+        roll_out(self.engine, [Lease(0, Request.from_spec(0, spec), "warm-up", float("inf"), None, 1)])
         self.engine.invalidate()  # the warm-up's prompt encoding is not kept
 
 

@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from roll_spotlight.dispatch.requests import InFlightState, MicroBatch
-from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput
+from roll_spotlight.dispatch.requests import InFlightState, MicroBatch, check_one_shape
+from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput, StepReport
 from roll_spotlight.sim.workload import Workload, WorkerDurations
 
 STAND_IN_WIDTH = 4  # floats of a stand-in latent, and of the stand-in adapters
@@ -154,8 +154,8 @@ class EmulatedCompute:
     """`worker_loop.Compute` that waits instead of computing (module docstring); the weight-copy
     side of `worker.compute.ModelCompute` too, so the elastic pool's newcomers copy from peers."""
 
-    def __init__(self, emulation: Emulation, store=None, *, version: int | None = None) -> None:
-        self.emulation, self.store, self.version = emulation, store, version
+    def __init__(self, emulation: Emulation, store=None, *, version: int | None = None, max_batch: int = 1) -> None:
+        self.emulation, self.store, self.version, self.max_batch = emulation, store, version, max_batch
         self.lock = threading.Lock()
         self.published = None
         self.counters = {"weight_fetches": 0, "peer_weight_copies": 0}
@@ -197,22 +197,39 @@ class EmulatedCompute:
         self.cross_node = membership.size > self.emulation.gpus_per_node
         return SPRolloutGroup(None, membership)
 
-    def rollout(self, lease, should_stop: Callable[[], bool] = lambda: False, on_checkpoint=None, *,
-                decode: bool = True):
-        request = lease.request
-        steps, seed, version = request.schedule.num_steps, request.seed, request.weight_version
-        start, latents = self._resume(lease)
+    def denoise_batch(self, leases, at_boundary, on_checkpoint=None, *, decode: bool = True):
+        """`worker.loop.Compute.denoise_batch` with a stand-in chain per row: each step waits one
+        step of the rows in flight (their per-image time, one after another: the cost model has no
+        batch curve yet), then reports to ``at_boundary`` like the engine. Checkpoints are not
+        emulated."""
+        shape = check_one_shape(leases)
+        rows = {lease.lease_id: (lease, *self._resume(lease)) for lease in leases}
         step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node, serial=True)  # one request
         pacer = self.emulation.pacer()
-        for k in range(start, steps):
-            pacer.wait(step_s)
-            latents.append(next_latent(latents[-1], seed, version, k))
-            if k + 1 < steps and should_stop():
-                state = {"latents": np.stack(latents)}
-                return Committed(InFlightState(request.request_id, k + 1, state, seed, version), k + 1 - start)
-        if not decode:
-            return Finished(None, steps - start)
-        return Finished(self._output(request, np.stack(latents), start), steps - start)
+        while rows:
+            pacer.wait(step_s * len(rows))
+            for lease, start, latents in rows.values():
+                r = lease.request
+                latents.append(next_latent(latents[-1], r.seed, r.weight_version, len(latents) - 1))
+            finished = [rows.pop(i) for i, (lease, _, chain) in list(rows.items())
+                        if len(chain) - 1 == lease.request.schedule.num_steps]
+            report = StepReport([(lease, Finished(self._output(lease.request, np.stack(chain), start) if decode
+                                                  else None, len(chain) - 1 - start)) for lease, start, chain in finished],
+                                {lease.request.request_id: len(chain) - 1 for lease, _, chain in rows.values()},
+                                self.max_batch - len(rows))
+            refills = at_boundary(report)
+            if refills is None:
+                return [(lease, self._commit(lease, start, chain)) for lease, start, chain in rows.values()]
+            if refills:
+                check_one_shape(refills, shape)
+            rows.update((lease.lease_id, (lease, *self._resume(lease))) for lease in refills)
+        return []
+
+    @staticmethod
+    def _commit(lease, start: int, chain: list) -> Committed:
+        r, step = lease.request, len(chain) - 1
+        return Committed(InFlightState(r.request_id, step, {"latents": np.stack(chain)}, r.seed, r.weight_version),
+                         step - start)
 
     @staticmethod
     def _resume(lease) -> tuple[int, list[np.ndarray]]:

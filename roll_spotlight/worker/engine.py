@@ -1,20 +1,10 @@
 """The rollout engine: leased requests of one shape denoised together, one forward per step.
 
-A batch holds up to ``max_batch`` requests of one shape (weight version, steps, noise level and
-kind; resolution and CFG are the policy's), each in a slot of `flow_grpo.RolloutSlots` with its
-own step, seed and noise window, so a request resumed at step k shares a forward with fresh ones.
-At every step boundary the engine hands the worker loop a `StepReport` (the rows that finished,
-the steps the others reached); the loop answers with leases for the free slots, or None to stop,
-and then every row in flight is committed as its own `InFlightState`, resumable in any batch on
-any worker (step-level batching, as vLLM-Omni's diffusion step execution).
-
-    denoise_batch(leases) --> step --> report --(refills)--> step --> ... --(None)--> Committed rows
-                                                 \\--> Finished rows, as they end
-
-Bits: at ``max_batch: 1`` a trajectory is a pure function of (weights, prompt, seed, schedule)
-on every worker, as it always was (resume bit for bit, two runs identical); batched, a row's
-velocity comes from a GEMM whose summation order depends on the batch size, so its bits move
-within the tolerance docs/design.md states ("Determinism"); its noise never does.
+A batch holds up to ``max_batch`` requests of one `Request.batch_shape`, each in a slot of
+`flow_grpo.RolloutSlots` with its own step, seed and noise window (a request resumed at step k
+shares a forward with fresh ones). At each step boundary the caller gets a `StepReport` and answers
+with leases for the free slots, or None: then every row in flight is committed as its own
+`InFlightState`, resumable in any batch on any worker (docs/design.md, sections 2 and 5b).
 """
 from __future__ import annotations
 
@@ -23,40 +13,24 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from roll_spotlight.dispatch.requests import InFlightState, Lease, Request
+from roll_spotlight.dispatch.requests import InFlightState, Lease, Request, check_one_shape
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutSlots, RolloutState, SdeWindow, Trajectory, denoise, \
     noise_plan, sigma_schedule
 from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput, StepReport  # torch-free
 
+BATCHED_ATOL = 1e-4
+"""How far a batched row's latents and log-probs may be from the same request alone (a batched GEMM
+sums in another order; docs/design.md 5b): what the tests and the trace harnesses check."""
+
 Boundary = Callable[[StepReport], "Sequence[Lease] | None"]
 """The worker loop at a step boundary: leases for free slots (of the batch's shape), or None: stop."""
-
-
-def batch_shape(request: Request) -> tuple:
-    """What requests must share to be denoised in one forward: weight version, steps, noise level
-    and kind (an "ode" request is an "sde" one with an empty window)."""
-    s = request.schedule
-    return request.weight_version, s.num_steps, s.noise_level, "sde" if s.kind == "ode" else s.kind
-
-
-def check_one_shape(leases: Sequence[Lease], shape: tuple | None = None) -> tuple:
-    """The shape the leases share; ValueError naming the first field that differs."""
-    shape = shape or batch_shape(leases[0].request)
-    for lease in leases:
-        other = batch_shape(lease.request)
-        for name, want, got in zip(("weight_version", "schedule.num_steps", "schedule.noise_level",
-                                    "schedule.kind"), shape, other):
-            if want != got:
-                raise ValueError(f"leases of different shapes offered to one batch: request "
-                                 f"{lease.request.request_id} has {name}={got!r}, the batch {want!r}")
-    return shape
 
 
 def by_shape(leases: Sequence[Lease]) -> list[list[Lease]]:
     """``leases`` in groups of one shape, each in the order given, groups in order of first lease."""
     groups: dict[tuple, list[Lease]] = {}
     for lease in leases:
-        groups.setdefault(batch_shape(lease.request), []).append(lease)
+        groups.setdefault(lease.request.batch_shape, []).append(lease)
     return list(groups.values())
 
 
@@ -92,14 +66,9 @@ def unpack_state(state: InFlightState) -> RolloutState:
 
 
 class RolloutEngine:
-    """Denoises leases on one policy, up to ``max_batch`` at a time (module docstring).
-
-    Every batch runs in eval mode, whatever mode the trainer left a shared policy in: under
-    `no_grad` torch's `TransformerEncoderLayer` takes a fused fast path in eval mode only, and its
-    output differs from the train-mode path in the last bits (measured: 2.4e-7 on the tiny prompt
-    encoder). Prompts are encoded one at a time and cached per weight version, so a row's
-    conditioning does not depend on its batch mates.
-    """
+    """Denoises leases on one policy, up to ``max_batch`` at a time. Batches run in eval mode,
+    whatever mode the trainer left a shared policy in (the mode moves the prompt encoder's last
+    bits); prompts are encoded one at a time and cached per weight version."""
 
     def __init__(self, policy, *, max_batch: int = 1, commit_every: int = 0):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -133,8 +102,8 @@ class RolloutEngine:
         if not 0 < len(leases) <= self.max_batch:
             raise ValueError(f"a batch takes 1 to sampling.max_batch={self.max_batch} leases, got {len(leases)}")
         shape = check_one_shape(leases)
-        self.policy.eval()  # see `RolloutEngine`: the mode changes the prompt encoder's numerics
-        _, num_steps, noise_level, kind = shape
+        self.policy.eval()
+        _, _, num_steps, noise_level, kind = shape
         slots = RolloutSlots(self.max_batch, self.sigmas(num_steps), self.policy.latent_shape,
                              noise_level=noise_level, kind=kind, device=self.policy.device)
         batch = _Batch(self, slots, shape)
@@ -155,36 +124,6 @@ class RolloutEngine:
 
         denoise(slots, batch.velocity, between_steps)
         return committed
-
-    def denoise_lease(self, lease: Lease, should_stop: Callable[[], bool] = lambda: False,
-                      on_checkpoint: Callable[[InFlightState], None] | None = None, *,
-                      decode: bool = True) -> Committed | Finished:
-        """One lease alone, asking ``should_stop()`` after every step but the last."""
-        finished: list[Finished] = []
-
-        def at_boundary(report: StepReport) -> list | None:
-            finished.extend(outcome for _, outcome in report.finished)
-            return None if report.running and should_stop() else []
-
-        committed = self.denoise_batch([lease], at_boundary, on_checkpoint, decode=decode)
-        return committed[0][1] if committed else finished[0]
-
-    def roll_out(self, leases: Sequence[Lease], *, decode: bool = True) -> list[RolloutOutput | None]:
-        """Run ``leases`` (one shape) to the end, ``max_batch`` at a time, refilling freed slots
-        from the rest; their outputs in the order given."""
-        waiting, done = list(leases), {}
-
-        def refill(report: StepReport) -> list[Lease]:
-            done.update((lease.lease_id, finished.output) for lease, finished in report.finished)
-            taken = waiting[:report.free]
-            del waiting[:report.free]
-            return taken
-
-        check_one_shape(leases)
-        first = waiting[:self.max_batch]
-        del waiting[:self.max_batch]
-        self.denoise_batch(first, refill, decode=decode)
-        return [done[lease.lease_id] for lease in leases]
 
     def images(self, latents: torch.Tensor) -> np.ndarray:
         """Final latents (B, N, C) -> (B, H, W, 3) uint8, in one decode."""

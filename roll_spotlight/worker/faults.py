@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Where to park: after denoising step ``hold_at_step`` of a rollout (the step index within
-    its trajectory), or after the ``hold_at_micro_batch``-th micro-batch of the worker's life
-    (round, in an SP group). None: never."""
+    """Where to park: at the step boundary where a batch's most advanced running row reaches
+    step ``hold_at_step`` of its trajectory, or after the ``hold_at_micro_batch``-th micro-batch
+    of the worker's life (round, in an SP group). None: never."""
 
     hold_at_step: int | None = None
     hold_at_micro_batch: int | None = None

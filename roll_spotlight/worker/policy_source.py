@@ -91,13 +91,14 @@ def is_emulation(source) -> bool:
     return isinstance(source, Emulation)
 
 
-def worker_compute(source, store, commit_every: int = 0):
+def worker_compute(source, store, commit_every: int = 0, max_batch: int = 1):
     """A rollout worker's `worker_loop.Compute` from its source: the policy loaded (every weight
-    version, the base's included, then comes from `store`), or emulated GPUs."""
+    version, the base's included, then comes from `store`), or emulated GPUs; ``max_batch``
+    requests denoised together (``sampling.max_batch``)."""
     if is_emulation(source):
         from roll_spotlight.worker.emulated import EmulatedCompute
 
-        return EmulatedCompute(source, store)
+        return EmulatedCompute(source, store, max_batch=max_batch)
     from roll_spotlight.worker.compute import ModelCompute
 
-    return ModelCompute(load_policy(source), store, commit_every=commit_every)
+    return ModelCompute(load_policy(source), store, commit_every=commit_every, max_batch=max_batch)

@@ -5,17 +5,18 @@ each) join one process group and install Ulysses (`roll_spotlight.elastic.ulysse
 policy's transformer; from then on the group serves the request queue as one worker:
 
     every tick, on every rank:
-        stop?  = a rank was stopped or got a preemption notice     (all-reduce MAX)
-        lease  = rank 0 pulls one (None when nothing is pending)   (broadcast from rank 0)
-        every rank runs the same lease; after each denoising step
-        stop?  = a rank got a notice                               (all-reduce MAX)
-        rank 0 completes the result, or commits the in-flight state
+        stop?   = a rank was stopped or got a preemption notice    (all-reduce MAX)
+        leases  = rank 0 pulls a batch (empty when nothing is pending)  (broadcast from rank 0)
+        every rank denoises the same batch (worker.engine); at each step boundary
+        stop?   = a rank got a notice                              (all-reduce MAX)
+        refills = rank 0's leases for the free slots               (broadcast from rank 0)
+        rank 0 completes the finished rows, or commits every row in flight
 
 Only rank 0 (the leader) talks to the queue, under the group's name; the others learn each lease
 from it. A notice to any member makes the whole group commit after the step in hand, because the
-group cannot continue without that member; the committed state is the full latent at a step
-boundary, so any worker or group of any degree resumes it. The decisions are collectives, so the
-ranks never disagree on where a rollout stopped.
+group cannot continue without that member; each committed state is one request's full latent at
+a step boundary, so any worker or group of any degree resumes it, in any batch. The decisions are
+collectives, so the ranks never disagree on where a batch stopped or what it holds.
 
 Numerics: each rank runs the per-token ops on its rows and whole heads of attention, so an SP
 trajectory equals the single-worker one; measured bit for bit on CPU at degrees 2 and 4
