@@ -18,8 +18,10 @@ Rows and where they are injected:
 | all spot capacity gone for a while               | coordinator run + exploration round     |
 | NaN or infinite rewards                          | coordinator run, SafeReward             |
 | corrupted or truncated checkpoint                | coordinator resume falls back           |
+| notice, kill, two notices with batched workers   | one iteration's rollouts, max_batch 4,  |
+|                                                  | within worker.engine.BATCHED_ATOL       |
 
-The coordinator rows run the real loop (queue, executor, trainer) over `FaultyBackend`: the
+The coordinator rows run the real loop (queue, rollout engine, trainer) over `FaultyBackend`: the
 in-process backend with its rollouts served by named workers that pull from one queue on a manual
 clock; faults are keyed by (request id, lease number). Their final weights (torch.equal) and
 metrics (==, timings excluded) must equal those of the failure-free run.
@@ -67,13 +69,14 @@ class _Worker:
 class FaultyBackend:
     """LocalBackend whose rollouts go through named workers pulling from one queue.
 
-    One tick: every live worker pulls one lease, then runs it to its end or its fault. A notice
-    commits and the worker leaves; a kill leaves the lease to expire (nobody tells the queue).
-    `spot_gone` lists the rollout calls (1-based) during which no spot worker exists.
+    One tick: every live worker pulls up to `max_batch` leases, then denoises them together to
+    their end or a fault of one of them. A notice commits every row and the worker leaves; a kill
+    leaves the leases to expire (nobody tells the queue). `spot_gone` lists the rollout calls
+    (1-based) during which no spot worker exists.
     """
 
     def __init__(self, cfg, policy, faults: dict[tuple[int, int], Fault] | None = None,
-                 commit_every: int = 0, spot_gone: frozenset[int] = frozenset()):
+                 commit_every: int = 0, spot_gone: frozenset[int] = frozenset(), max_batch: int = 1):
         from roll_spotlight.dispatch.queue import ManualClock, QueueConfig, RequestQueue
         from roll_spotlight.runtime.local import LocalBackend
 
@@ -81,6 +84,7 @@ class FaultyBackend:
         self.clock = ManualClock()
         self.queue = RequestQueue(QueueConfig(lease_s=5.0, max_attempts=10), clock=self.clock)
         self.faults, self.commit_every, self.spot_gone = dict(faults or {}), commit_every, spot_gone
+        self.max_batch = max_batch
         self.calls, self.leases_seen, self.completed_by = 0, {}, {}
 
     def __getattr__(self, name):  # everything but rollouts is the in-process backend's
@@ -95,7 +99,8 @@ class FaultyBackend:
 
         policy = self.local.core.policy
         names = ([] if self.calls in self.spot_gone else list(SPOT)) + [ONDEMAND]
-        return [_Worker(n, RolloutEngine(policy, commit_every=self.commit_every)) for n in names]
+        return [_Worker(n, RolloutEngine(policy, commit_every=self.commit_every, max_batch=self.max_batch))
+                for n in names]
 
     def rollouts_scored(self, specs) -> tuple[list, object]:
         outputs = self.rollouts(specs)
@@ -106,9 +111,9 @@ class FaultyBackend:
         ids = self.queue.submit(specs)
         workers = self._workers()
         while self.queue.pending_count() or self.queue.leased_count():
-            held = [(w, lease) for w in workers if w.alive for lease in self.queue.pull(w.name, 1)]
-            for worker, lease in held:
-                self._run(worker, lease)
+            held = [(w, leases) for w in workers if w.alive if (leases := self.queue.pull(w.name, self.max_batch))]
+            for worker, leases in held:
+                self._run(worker, leases)
             self.clock.advance(1.0 if held else 10.0)  # idle: let dead workers' leases expire
             self.queue.expire()
         done = {c.request.request_id: c for c in self.queue.take_results()}
@@ -116,34 +121,33 @@ class FaultyBackend:
         self.queue.forget_finished()
         return [done[i].output for i in ids]
 
-    def _run(self, worker: _Worker, lease) -> None:
-        from roll_spotlight.worker.engine import Finished
+    def _run(self, worker: _Worker, leases: list) -> None:
+        faults = {}
+        for lease in leases:
+            rid = lease.request.request_id
+            self.leases_seen[rid] = self.leases_seen.get(rid, 0) + 1
+            faults[rid] = self.faults.get((rid, self.leases_seen[rid]))
 
-        rid = lease.request.request_id
-        self.leases_seen[rid] = self.leases_seen.get(rid, 0) + 1
-        fault = self.faults.get((rid, self.leases_seen[rid]))
-        step = [lease.resume.step_index if lease.resume is not None else 0]
-
-        def should_stop() -> bool:
-            step[0] += 1
-            if fault is not None and step[0] == fault.step:
-                if fault.kind == "kill":
-                    raise Killed(worker.name)
+        def at_boundary(report):
+            for lease, finished in report.finished:
+                assert self.queue.complete(lease.result(finished.output))
+            due = [f for rid, step in report.running.items() if (f := faults[rid]) is not None and step == f.step]
+            if any(f.kind == "kill" for f in due):
+                raise Killed(worker.name)
+            if due:
                 self.queue.notify_preemption(worker.name, self.clock() + 2.0)
-                return True
-            return False
+                return None
+            return []
 
         try:
-            outcome = denoise_lease(worker.executor, lease, should_stop,
-                                          on_checkpoint=lambda s: self.queue.checkpoint(worker.name, s))
+            committed = worker.executor.denoise_batch(leases, at_boundary,
+                                                      lambda s: self.queue.checkpoint(worker.name, s))
         except Killed:
             worker.alive = False
             return
-        if isinstance(outcome, Finished):
-            assert self.queue.complete(lease.result(outcome.output))
-        else:
+        for _, outcome in committed:
             assert self.queue.commit(worker.name, outcome.state)
-            worker.alive = False  # noticed: the node leaves once the state is handed back
+        worker.alive = not committed  # noticed: the node leaves once the states are handed back
 
 
 def _coordinator(cfg, backend, run_dir):
@@ -235,6 +239,40 @@ def test_row_all_spot_capacity_gone_for_a_while(tmp_path, reference):
     assert all(backend.completed_by[i] == ONDEMAND for i in first), "on-demand carried iteration 1 alone"
     assert any(w in SPOT for w in backend.completed_by.values()), "spot capacity came back for iteration 2"
     _assert_same(run, reference)
+
+
+BATCHED_FAULTS = {
+    "notice mid-batch": {(1, 1): Fault("notice", 3)},
+    "kill mid-batch": {(2, 1): Fault("kill", 2)},
+    "two notices in one window": {(0, 1): Fault("notice", 1), (5, 1): Fault("notice", 2)},
+}
+
+
+@pytest.mark.parametrize("faults", BATCHED_FAULTS.values(), ids=BATCHED_FAULTS.keys())
+def test_rows_batched_lose_nothing_and_every_output_is_its_solo_rollout_within_tolerance(faults):
+    """The rows above with workers denoising up to 4 requests together (sampling.max_batch: 4):
+    a notice commits every row of the batch, a kill loses them to lease expiry, and every request
+    completes once, within worker.engine.BATCHED_ATOL of its batch-1 rollout (bits move: docs 5b)."""
+    from roll_spotlight.dispatch.requests import Lease, Request
+    from roll_spotlight.runtime.coordinator import iteration_specs
+    from roll_spotlight.training.prompt_pools import train_pool
+    from roll_spotlight.worker.engine import BATCHED_ATOL, RolloutEngine
+    from roll_spotlight.worker.loop import roll_out
+
+    cfg = _cfg("train.group_size=4", "sampling.max_batch=4")
+    backend = FaultyBackend(cfg, random_policy(cfg), faults=faults, max_batch=4)
+    specs = iteration_specs(cfg, train_pool(cfg.task), 1, 0)
+    outputs = backend.rollouts(specs)
+    stats = backend.queue.stats()
+    assert stats.completed == stats.submitted == len(specs) == 8 and stats.duplicate_completions == 0
+    noticed = sum(f.kind == "notice" for f in faults.values())
+    assert stats.commits == 4 * noticed and stats.expirations == 4 * (len(faults) - noticed)
+    alone = roll_out(RolloutEngine(random_policy(cfg)), [Lease(i, Request.from_spec(i, s), "ref", math.inf, None, 1)
+                                                         for i, s in enumerate(specs)])
+    assert sum(o.resumed_from > 0 for o in outputs) == 4 * noticed
+    for out, ref in zip(outputs, alone):
+        assert np.allclose(out.latents, ref.latents, rtol=0, atol=BATCHED_ATOL)
+        assert np.allclose(out.log_probs, ref.log_probs, rtol=0, atol=BATCHED_ATOL)
 
 
 def test_row_all_spot_capacity_gone_exploration_budget_goes_to_zero(tmp_path):
