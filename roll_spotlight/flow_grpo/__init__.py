@@ -13,18 +13,8 @@
 from .advantages import Advantages, group_advantages
 from .loss import PolicyLoss, gaussian_mean_kl, policy_loss
 from .noise import INITIAL_NOISE_STEP, initial_noise, noise_seed, step_noise
-from .rollout import (
-    RolloutHistory,
-    RolloutSlots,
-    RolloutState,
-    SlotVelocityFn,
-    Trajectory,
-    VelocityFn,
-    denoise,
-    noise_plan,
-    recompute_log_probs,
-    rollout,
-)
+from .rollout import (RolloutHistory, RolloutSlots, RolloutState, SlotVelocityFn, Trajectory, VelocityFn, denoise,
+                      noise_plan, recompute_log_probs, rollout)
 from .schedule import calculate_shift, sigma_schedule
 from .step import StepKind, StepResult, cps_log_prob, gaussian_log_prob, sde_step
 from .window import SdeWindow, sde_window_steps
