@@ -6,6 +6,7 @@ import torch
 
 from roll_spotlight.flow_grpo import (
     RolloutSlots,
+    RolloutState,
     SdeWindow,
     StepKind,
     denoise,
@@ -63,6 +64,25 @@ def full(model, sigmas):
     return rollout(model, SEEDS, sigmas, LATENT, noise_level=A)
 
 
+def _states(model, sigmas, seeds, k, window=None, **slot_kw):
+    """The states of `seeds` stopped after step k (a stop at a step boundary), one per slot."""
+    slots = RolloutSlots(len(seeds), sigmas, LATENT, noise_level=A, **slot_kw)
+    for i, seed in enumerate(seeds):
+        slots.admit(i, seed, noise_plan("sde", window, NUM_STEPS))
+    if k:
+        denoise(slots, lambda x, sigma, rows: model(x, sigma), lambda s: s.step[0] < k)
+    return [slots.state(i) for i in range(len(seeds))]
+
+
+def _resume(model, sigmas, states, window=None):
+    """Resume `states` (one seed each) together in one batch, to the end."""
+    slots = RolloutSlots(len(states), sigmas, LATENT, noise_level=A)
+    for i, state in enumerate(states):
+        slots.admit(i, state.seeds[0], noise_plan("sde", window, NUM_STEPS), state)
+    denoise(slots, lambda x, sigma, rows: model(x, sigma))
+    return slots.trajectory(range(len(states)))
+
+
 def _assert_same(a, b):
     assert torch.equal(a.final, b.final)
     assert torch.equal(a.latents, b.latents)
@@ -96,32 +116,24 @@ def test_same_seeds_reproduce_bit_for_bit(model, sigmas, full):
 
 @pytest.mark.parametrize("k", [0, 1, 4, NUM_STEPS])
 def test_resume_at_step_k_equals_uninterrupted(model, sigmas, full, k):
-    first = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, stop_after=k)
-    assert first.next_step == k and first.done == (k == NUM_STEPS)
-    assert bool(torch.isnan(first.log_probs[:, k:]).all())
-    resumed = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, state=first.state())
+    states = _states(model, sigmas, SEEDS, k)
+    assert [s.step for s in states] == [k] * 4 and states[0].history.log_probs.shape == (1, k)
+    resumed = _resume(model, sigmas, states)
     assert resumed.done
     _assert_same(resumed, full)
 
 
 def test_resume_in_a_different_batch_is_bit_identical(model, sigmas, full):
-    k = 3
-    part = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, stop_after=k)
-    stranger = rollout(model, [7], sigmas, LATENT, noise_level=A, stop_after=k)
-    slots = RolloutSlots(3, sigmas, LATENT, noise_level=A)
-    for slot, (seed, state) in enumerate([(104, part.state().select([3])), (102, part.state().select([1])),
-                                          (7, stranger.state())]):
-        slots.admit(slot, seed, noise_plan("sde", None, NUM_STEPS), state)
-    denoise(slots, lambda x, sigma, rows: model(x, sigma))
-    resumed = slots.trajectory(range(3))
+    part, stranger = _states(model, sigmas, SEEDS, 3), _states(model, sigmas, [7], 3)
+    resumed = _resume(model, sigmas, [part[3], part[1], stranger[0]])
     _assert_same(resumed.select([0, 1]), full.select([3, 1]))
     alone = rollout(model, [7], sigmas, LATENT, noise_level=A)
     assert torch.equal(resumed.final[2:], alone.final)
 
 
 def test_resume_without_history_marks_unseen_steps_nan(model, sigmas, full):
-    part = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, stop_after=2)
-    resumed = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, state=part.state(with_history=False))
+    part = [RolloutState(s.step, s.latents, s.seeds) for s in _states(model, sigmas, SEEDS, 2)]
+    resumed = _resume(model, sigmas, part)
     assert resumed.first_step == 2 and torch.equal(resumed.final, full.final)
     assert bool(torch.isnan(resumed.latents[:, :2]).all()) and bool(torch.isnan(resumed.log_probs[:, :2]).all())
     assert torch.equal(resumed.latents[:, 2:], full.latents[:, 2:])
@@ -170,7 +182,7 @@ def test_keep_latents_false_keeps_final_only(model, sigmas, full):
     light = rollout(model, SEEDS, sigmas, LATENT, noise_level=A, keep_latents=False)
     assert light.latents is None and torch.equal(light.final, full.final)
     assert torch.equal(light.log_probs, full.log_probs)
-    assert light.state().history is None
+    assert _states(model, sigmas, SEEDS, 2, keep_latents=False)[0].history is None
     with pytest.raises(ValueError, match="keep_latents"):
         recompute_log_probs(model, light, 0, noise_level=A)
 
@@ -182,8 +194,6 @@ def test_invalid_rollout_arguments_raise(model, sigmas, full):
         rollout(model, SEEDS, sigmas, LATENT, noise_level=0.0)
     with pytest.raises(ValueError, match="decreasing"):
         rollout(model, SEEDS, sigmas.flip(0), LATENT, noise_level=A)
-    with pytest.raises(ValueError, match="state.seeds"):
-        rollout(model, [1, 2, 3, 4], sigmas, LATENT, noise_level=A, state=full.state())
     with pytest.raises(ValueError, match="noise_level=0.5"):
         recompute_log_probs(model, full, 0, noise_level=0.5)
     with pytest.raises(ValueError, match="kind='cps'"):
@@ -204,9 +214,9 @@ def _slots(sigmas, capacity):
 def test_rows_at_different_steps_share_a_forward_and_equal_their_solo_rollouts(model, sigmas):
     """A resumed row (at step 3, its own window) and fresh rows in one batch; a finished row's slot
     is refilled at the next step boundary: every sample is bit for bit its solo rollout."""
-    resumed = rollout(model, [7], sigmas, LATENT, noise_level=A, stop_after=3)
+    resumed = _states(model, sigmas, [7], 3, SdeWindow(2, 5))[0]
     slots, plan = _slots(sigmas, 2), noise_plan("sde", None, NUM_STEPS)
-    slots.admit(0, 7, noise_plan("sde", SdeWindow(2, 5), NUM_STEPS), resumed.state())
+    slots.admit(0, 7, noise_plan("sde", SdeWindow(2, 5), NUM_STEPS), resumed)
     slots.admit(1, 101, plan)
     done, queue, calls = {}, [102], []
 
@@ -223,7 +233,7 @@ def test_rows_at_different_steps_share_a_forward_and_equal_their_solo_rollouts(m
     assert sorted(done) == [7, 101, 102] and len(calls) == 3 + NUM_STEPS  # slot 0 refilled after 3 steps
     _assert_same(done[101], _alone(model, sigmas, 101))
     _assert_same(done[102], _alone(model, sigmas, 102))
-    solo7 = rollout(model, [7], sigmas, LATENT, noise_level=A, state=resumed.state(), window=SdeWindow(2, 5))
+    solo7 = _resume(model, sigmas, [resumed], SdeWindow(2, 5))
     _assert_same(done[7], solo7)
     assert done[7].log_probs[0, 5] == 0 and done[7].log_probs[0, 4] != 0  # its own window
 
@@ -235,9 +245,7 @@ def test_a_stop_between_steps_commits_every_row_and_each_resumes_elsewhere(model
     denoise(slots, lambda x, sigma, rows: model(x, sigma), lambda s: s.step[0] < 2)
     states = [slots.state(i) for i in range(4)]
     assert [s.step for s in states] == [2] * 4
-    for i in (3, 0):  # another batch, another order
-        resumed = rollout(model, [SEEDS[i]], sigmas, LATENT, noise_level=A, state=states[i])
-        _assert_same(resumed, full.select([i]))
+    _assert_same(_resume(model, sigmas, [states[3], states[0]]), full.select([3, 0]))  # another batch and order
 
 
 def test_batched_gemm_rows_stay_within_tolerance_of_solo(sigmas):
@@ -257,4 +265,4 @@ def test_slots_refuse_an_occupied_slot_and_a_foreign_state(model, sigmas, full):
         slots.admit(0, 2, noise_plan("sde", None, NUM_STEPS))
     slots.evict(0)
     with pytest.raises(ValueError, match="state.seeds"):
-        slots.admit(0, 2, noise_plan("sde", None, NUM_STEPS), full.state().select([0]))
+        slots.admit(0, 2, noise_plan("sde", None, NUM_STEPS), _states(model, sigmas, [1], 2)[0])

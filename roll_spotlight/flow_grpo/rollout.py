@@ -46,31 +46,12 @@ class RolloutState:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
-        batch = len(self.seeds)
-        if self.step < 0 or self.latents.shape[0] != batch:
-            raise ValueError(
-                f"RolloutState(step={self.step}) with latents {tuple(self.latents.shape)} for {batch} seeds"
-            )
-        if self.history is not None:
-            _check_history(self.history, batch, self.step, tuple(self.latents.shape[1:]))
-
-    def select(self, indices: Sequence[int] | torch.Tensor) -> RolloutState:
-        """The state of a subset of the samples (e.g. to resume them in another batch)."""
-        idx = [int(i) for i in indices]  # accepts lists, numpy arrays and 1-D tensors
-        history = None
-        if self.history is not None:
-            h = self.history
-            history = RolloutHistory(h.latents[idx], h.log_probs[idx], h.first_step)
-        return RolloutState(self.step, self.latents[idx], [self.seeds[i] for i in idx], history)
-
-
-def _check_history(history: RolloutHistory, batch: int, step: int, latent_shape: tuple[int, ...]) -> None:
-    want_latents, want_log_probs = (batch, step + 1, *latent_shape), (batch, step)
-    if tuple(history.latents.shape) != want_latents or tuple(history.log_probs.shape) != want_log_probs:
-        raise ValueError(
-            f"history latents {tuple(history.latents.shape)} / log_probs {tuple(history.log_probs.shape)}; "
-            f"expected {want_latents} / {want_log_probs}"
-        )
+        b, h, shape = len(self.seeds), self.history, tuple(self.latents.shape[1:])
+        if self.step < 0 or self.latents.shape[0] != b or h is not None and (
+                tuple(h.latents.shape) != (b, self.step + 1, *shape) or tuple(h.log_probs.shape) != (b, self.step)):
+            history = "" if h is None else f", history {tuple(h.latents.shape)} / {tuple(h.log_probs.shape)}"
+            raise ValueError(f"RolloutState at step {self.step} for {b} seeds: latents {tuple(self.latents.shape)}"
+                             f"{history}")
 
 
 @dataclass(frozen=True)
@@ -99,15 +80,6 @@ class Trajectory:
     @property
     def done(self) -> bool:
         return self.next_step == self.num_steps
-
-    def state(self, with_history: bool = True) -> RolloutState:
-        """The resume point; with_history carries x_0..x_k and log-probs when latents were kept."""
-        history = None
-        if with_history and self.latents is not None:
-            history = RolloutHistory(
-                self.latents[:, : self.next_step + 1], self.log_probs[:, : self.next_step], self.first_step
-            )
-        return RolloutState(self.next_step, self.final, self.seeds, history)
 
     def select(self, indices: Sequence[int] | torch.Tensor) -> Trajectory:
         """The trajectory of a subset of the samples (e.g. a training micro-batch)."""
@@ -162,7 +134,7 @@ class RolloutSlots:
         self._noised = self.noised.to(device)  # the same on the device: the step's per-row flags
         self._plan: list[list[bool]] = [[]] * capacity  # and as lists, read per row and step
         self.step: list[int | None] = [None] * capacity  # None: a free slot
-        self.stop_at, self.first_step, self.seeds = [0] * capacity, [0] * capacity, [0] * capacity
+        self.first_step, self.seeds = [0] * capacity, [0] * capacity
         self._steps = torch.zeros(capacity, dtype=torch.long, device=device)
         self._index: tuple[tuple[int, ...], torch.Tensor] | None = None
 
@@ -173,34 +145,35 @@ class RolloutSlots:
     @property
     def active(self) -> list[int]:
         """The occupied slots with steps left to run."""
-        return [i for i, k in enumerate(self.step) if k is not None and k < self.stop_at[i]]
+        return [i for i, k in enumerate(self.step) if k is not None and k < self.num_steps]
 
     def finished(self, slot: int) -> bool:
         return self.step[slot] == self.num_steps
 
-    def admit(self, slot: int, seed: int, noised: torch.Tensor, state: RolloutState | None = None,
-              stop_after: int | None = None) -> None:
+    def admit(self, slot: int, seed: int, noised: torch.Tensor, state: RolloutState | None = None) -> None:
         """Load one sample into a free slot: x_0 of `seed`, or `state` (one row, at its step)."""
         if self.step[slot] is not None:
             raise ValueError(f"slot {slot} is occupied")
-        start = _start_state([seed], self.latent_shape, state, self.num_steps, self.device)
-        k = start.step
-        self.latents[slot] = start.latents[0].to(self.device, torch.float32)
+        if state is None:
+            state = RolloutState(0, initial_noise([seed], self.latent_shape, device=self.device), (seed,))
+        elif state.seeds != (seed,) or tuple(state.latents.shape[1:]) != self.latent_shape or state.step > self.num_steps:
+            raise ValueError(f"state.seeds={state.seeds} at step {state.step} with latents {tuple(state.latents.shape)} "
+                             f"does not fit seed {seed}, latent_shape={self.latent_shape} and {self.num_steps} steps")
+        k, history = state.step, state.history
+        self.latents[slot] = state.latents[0].to(self.device, torch.float32)
         self.log_probs[slot] = float("nan")
-        self.first_step[slot] = k
-        if start.history is not None:
-            self.log_probs[slot, :k] = start.history.log_probs[0].to(self.device)
-            self.first_step[slot] = start.history.first_step
+        self.first_step[slot] = k if history is None else history.first_step
+        if history is not None:
+            self.log_probs[slot, :k] = history.log_probs[0].to(self.device)
         if self.history is not None:
             self.history[slot] = float("nan")
-            if start.history is not None:
-                self.history[slot, : k + 1] = start.history.latents[0].to(self.device)
+            if history is not None:
+                self.history[slot, : k + 1] = history.latents[0].to(self.device)
             self.history[slot, k] = self.latents[slot]
         self.noised[slot] = torch.as_tensor(noised, dtype=torch.bool)
         self._plan[slot] = self.noised[slot].tolist()
         self._noised[slot] = to_device(self.noised[slot], self.device)
         self.seeds[slot], self.step[slot], self._steps[slot] = int(seed), k, k
-        self.stop_at[slot] = self.num_steps if stop_after is None else min(self.num_steps, k + stop_after)
 
     def evict(self, slot: int) -> None:
         self.step[slot] = None
@@ -255,9 +228,12 @@ class RolloutSlots:
             kind=self.kind, noise_level=self.noise_level, first_step=max(self.first_step[s] for s in slots),
         )
 
-    def state(self, slot: int, with_history: bool = True) -> RolloutState:
-        """Where the sample in `slot` stands: what a commit hands to another worker."""
-        return self.trajectory([slot]).state(with_history)
+    def state(self, slot: int) -> RolloutState:
+        """Where the sample in `slot` stands (with its history, if kept): what a commit hands on."""
+        k, row = self.step[slot], [slot]
+        history = None if self.history is None else RolloutHistory(
+            self.history[row, : k + 1], self.log_probs[row, :k], self.first_step[slot])
+        return RolloutState(k, self.latents[row], (self.seeds[slot],), history)
 
 
 @torch.no_grad()
@@ -273,45 +249,22 @@ def denoise(slots: RolloutSlots, velocity_fn: SlotVelocityFn,
             return
 
 
-def _start_state(seeds, latent_shape, state: RolloutState | None, num_steps: int, device) -> RolloutState:
-    seeds = tuple(int(s) for s in seeds)
-    if state is None:
-        return RolloutState(0, initial_noise(seeds, latent_shape, device=device), seeds)
-    if state.seeds != seeds:
-        raise ValueError(f"state.seeds={state.seeds} differ from seeds={seeds}")
-    if tuple(state.latents.shape[1:]) != tuple(latent_shape) or state.step > num_steps:
-        raise ValueError(
-            f"state at step {state.step} with latents {tuple(state.latents.shape)} does not fit "
-            f"latent_shape={tuple(latent_shape)} and {num_steps} steps"
-        )
-    return state
-
-
 @torch.no_grad()
 def rollout(velocity_fn: VelocityFn, seeds: Sequence[int], sigmas: torch.Tensor | Sequence[float],
             latent_shape: tuple[int, ...], *, noise_level: float, kind: str | StepKind = "sde",
-            window: SdeWindow | None = None, state: RolloutState | None = None, stop_after: int | None = None,
-            keep_latents: bool = True, device: torch.device | str | None = None) -> Trajectory:
-    """Denoise from x_0 = initial_noise(seeds) (or from `state`) for at most `stop_after` steps:
-    every sample in a slot of one `RolloutSlots`, all at one step (`denoise` with no scheduler).
-
-    Steps outside `window` (all steps when window is None) use kind "ode". `device` defaults to the
-    state's device, else the device of `sigmas`.
-    """
+            window: SdeWindow | None = None, keep_latents: bool = True,
+            device: torch.device | str | None = None) -> Trajectory:
+    """Denoise x_0 = initial_noise(seeds) to the end, every sample in a slot of one `RolloutSlots`
+    (`denoise` with no scheduler). Steps outside `window` (all steps when window is None) use kind
+    "ode". `device` defaults to the device of `sigmas`."""
     step_kind = StepKind.parse(kind)
-    if device is None:
-        device = state.latents.device if state is not None else getattr(sigmas, "device", "cpu")
-    seeds = tuple(int(s) for s in seeds)
     slots = RolloutSlots(len(seeds), sigmas, latent_shape, noise_level=noise_level, kind=step_kind,
                          keep_latents=keep_latents, device=device)
     plan = noise_plan(step_kind, window, slots.num_steps)
     if bool(plan.any()) and not noise_level > 0:
         raise ValueError(f"noise_level={noise_level} must be > 0 for kind={step_kind.value!r}")
-    if stop_after is not None and stop_after < 0:
-        raise ValueError(f"stop_after={stop_after} must be >= 0")
-    start = _start_state(seeds, latent_shape, state, slots.num_steps, device)
     for i, seed in enumerate(seeds):
-        slots.admit(i, seed, plan, start.select([i]) if state is not None else None, stop_after)
+        slots.admit(i, int(seed), plan)
     denoise(slots, lambda x, sigma, rows: velocity_fn(x, sigma))
     return slots.trajectory(range(len(seeds)))
 

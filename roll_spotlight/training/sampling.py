@@ -52,7 +52,7 @@ def sigmas_for(policy, spec: RolloutSpec) -> torch.Tensor:
 
 @torch.no_grad()
 def generate(policy, prompts: Sequence[str], seeds: Sequence[int], spec: RolloutSpec,
-             *, keep_latents: bool = True, state=None, stop_after: int | None = None) -> Trajectory:
+             *, keep_latents: bool = True) -> Trajectory:
     """Run seeded rollouts for `prompts`/`seeds` (same length) under `spec`."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
@@ -64,8 +64,7 @@ def generate(policy, prompts: Sequence[str], seeds: Sequence[int], spec: Rollout
     kind = "sde" if spec.kind == "ode" else spec.kind
     window = SdeWindow(0, 0) if spec.kind == "ode" else spec.sde_window()
     return rollout(velocity_fn, list(seeds), sigmas_for(policy, spec), policy.latent_shape,
-                   noise_level=spec.noise_level, kind=kind, window=window, state=state,
-                   stop_after=stop_after, keep_latents=keep_latents)
+                   noise_level=spec.noise_level, kind=kind, window=window, keep_latents=keep_latents)
 
 
 def to_uint8_images(policy, latents: torch.Tensor) -> np.ndarray:

@@ -16,6 +16,7 @@ import torch
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request, check_one_shape
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutSlots, RolloutState, SdeWindow, Trajectory, denoise, \
     noise_plan, sigma_schedule
+from roll_spotlight.training.sampling import to_uint8_images
 from roll_spotlight.worker.outputs import Committed, Finished, RolloutOutput, StepReport  # torch-free
 
 BATCHED_ATOL = 1e-4
@@ -32,12 +33,6 @@ def by_shape(leases: Sequence[Lease]) -> list[list[Lease]]:
     for lease in leases:
         groups.setdefault(lease.request.batch_shape, []).append(lease)
     return list(groups.values())
-
-
-def request_plan(request: Request) -> torch.Tensor:
-    """The steps of ``request`` that get noise (its SDE window; none for "ode")."""
-    s = request.schedule
-    return noise_plan(s.kind, SdeWindow(*s.window) if s.kind != "ode" else None, s.num_steps)
 
 
 def _copy(tensor: torch.Tensor) -> np.ndarray:
@@ -125,12 +120,6 @@ class RolloutEngine:
         denoise(slots, batch.velocity, between_steps)
         return committed
 
-    def images(self, latents: torch.Tensor) -> np.ndarray:
-        """Final latents (B, N, C) -> (B, H, W, 3) uint8, in one decode."""
-        with torch.no_grad():
-            images = self.policy.decode(latents).clamp(0, 1)
-        return (images.permute(0, 2, 3, 1).float().cpu().numpy() * 255.0).round().astype(np.uint8)
-
 
 class _Batch:
     """The requests in a `RolloutSlots`: which lease holds which slot, and their conditioning."""
@@ -145,7 +134,8 @@ class _Batch:
         free = self.slots.free
         assert free, "the worker loop offered more leases than the batch has free slots"
         state = unpack_state(lease.resume) if lease.resume is not None else None
-        self.slots.admit(free[0], lease.request.seed, request_plan(lease.request), state)
+        s = lease.request.schedule  # "ode": no step gets noise
+        self.slots.admit(free[0], lease.request.seed, noise_plan(s.kind, SdeWindow(*s.window), s.num_steps), state)
         self.rows[free[0]] = (lease, state.step if state is not None else 0)
 
     def velocity(self, x: torch.Tensor, sigma: torch.Tensor, slots: Sequence[int]) -> torch.Tensor:
@@ -164,7 +154,7 @@ class _Batch:
     def report(self, decode: bool) -> StepReport:
         """Take the finished rows out (their outputs, decoded together) and say where the others stand."""
         done = [s for s in self.rows if self.slots.finished(s)]
-        images = self.engine.images(self.slots.latents[done]) if decode and done else None
+        images = to_uint8_images(self.engine.policy, self.slots.latents[done]) if decode and done else None
         finished = []
         for i, slot in enumerate(done):
             lease, start = self.rows.pop(slot)
