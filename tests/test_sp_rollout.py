@@ -135,6 +135,53 @@ def test_a_notice_on_one_rank_commits_the_group_at_the_same_step_and_a_single_wo
     host.close()
 
 
+def test_a_group_denoises_a_batch_and_a_notice_commits_every_row_at_one_step(cfg):
+    """max_batch 4 in a group of 2: each request ends within BATCHED_ATOL of its rollout alone; a
+    notice on rank 1 after step 3 commits all four rows on both ranks at step 3, and a single
+    worker resumes them, two by two, to the same outputs."""
+    from roll_spotlight.worker.engine import BATCHED_ATOL
+    from roll_spotlight.worker.loop import roll_out
+
+    leases = [Lease(i, Request.from_spec(i, _spec(700 + i)), "test", float("inf"), None, 1) for i in range(4)]
+    alone = roll_out(RolloutEngine(random_policy(cfg, seed=5)), leases)
+    host = RendezvousHost("127.0.0.1")
+    policies = [random_policy(cfg, seed=5) for _ in range(2)]  # the global torch RNG: not in threads
+
+    def run(tag: str, notice_at: int | None):
+        members = group_memberships(host.address, tag, 2, timeout_s=60)
+
+        def rank_main(rank: int):
+            group, finished = SPRolloutGroup(policies[rank], members[rank]), []
+
+            def at_boundary(report):
+                finished.extend(outcome for _, outcome in report.finished)
+                step = max(report.running.values(), default=None)
+                return None if group.any(rank == 1 and step == notice_at) else []
+
+            committed = RolloutEngine(policies[rank], max_batch=4).denoise_batch(leases, at_boundary,
+                                                                                decode=group.leader)
+            group.close()
+            return finished, committed
+
+        return _in_threads(2, rank_main)
+
+    (done, none), (follower_done, _) = run("batch", None)
+    assert none == [] and len(done) == 4 and all(o.output is None for o in follower_done)
+    for out in sorted((o.output for o in done), key=lambda o: o.request_id):
+        ref = alone[out.request_id]
+        assert np.abs(out.latents - ref.latents).max() < BATCHED_ATOL
+        assert np.abs(out.log_probs - ref.log_probs).max() < BATCHED_ATOL
+    ranks = run("notice", 3)
+    for finished, committed in ranks:
+        assert finished == [] and [(c.state.step_index, c.steps_run) for _, c in committed] == [(3, 3)] * 4
+    states = [c.state for _, c in ranks[0][1]]
+    resumed = roll_out(RolloutEngine(random_policy(cfg, seed=5), max_batch=2),
+                       [Lease(i, lease.request, "test", float("inf"), states[i], 1) for i, lease in enumerate(leases)])
+    for out, ref in zip(resumed, alone):
+        assert out.resumed_from == 3 and np.abs(out.latents - ref.latents).max() < BATCHED_ATOL
+    host.close()
+
+
 def test_a_qwen_image_class_policy_from_a_directory_rolls_out_in_an_sp_group(tmp_path):
     """The real-model path (VAE, text encoder, transformer loaded from a diffusers directory; a
     tiny random config of the same classes, 2 heads): an SP group of 2 equals one worker."""
