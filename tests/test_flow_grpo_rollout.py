@@ -16,6 +16,7 @@ from roll_spotlight.flow_grpo import (
     rollout,
     sde_step,
     sigma_schedule,
+    step_noise,
 )
 
 LATENT = (4, 4, 4)
@@ -102,7 +103,7 @@ def test_rollout_log_probs_equal_the_step_formula(model, full, sigmas):
     k = 2
     x = full.latents[:, k]
     step = sde_step(model(x, sigmas[k].expand(4)), x, sigmas[k], sigmas[k + 1], noise_level=A,
-                    generator_seeds=SEEDS, step_index=k)
+                    noise=step_noise(SEEDS, k, LATENT))
     assert torch.equal(step.prev_sample, full.latents[:, k + 1])
     assert torch.equal(step.log_prob, full.log_probs[:, k])
 

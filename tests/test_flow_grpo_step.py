@@ -117,15 +117,6 @@ def test_prev_sample_is_scored_not_drawn_and_gradients_reach_the_mean_only():
     assert target.grad is None
 
 
-def test_seeded_noise_equals_explicit_step_noise():
-    v, x, _ = _inputs(5)
-    seeds = [11, 12, 13]
-    by_seed = sde_step(v, x, 0.6, 0.5, noise_level=0.7, generator_seeds=seeds, step_index=4)
-    explicit = sde_step(v, x, 0.6, 0.5, noise_level=0.7, noise=step_noise(seeds, 4, SHAPE[1:]))
-    assert torch.equal(by_seed.prev_sample, explicit.prev_sample)
-    assert torch.equal(by_seed.log_prob, explicit.log_prob)
-
-
 def test_per_sample_sigmas_equal_separate_scalar_calls():
     v, x, eps = _inputs(6)
     sigmas, sigmas_next = torch.tensor([0.9, 0.5, 0.2]), torch.tensor([0.8, 0.45, 0.0])
@@ -150,8 +141,7 @@ def test_bf16_inputs_are_upcast_to_float32():
     [
         (dict(kind="sdee", noise_level=0.7), "sdee"),
         (dict(kind="sde", noise_level=0.0), "noise_level"),
-        (dict(kind="cps", noise_level=0.5, generator_seeds=[1, 2, 3]), "step_index"),
-        (dict(kind="sde", noise_level=0.7, generator_seeds=[1], step_index=0), "generator_seeds"),
+        (dict(kind="cps", noise_level=0.5), "noise has shape None"),
         (dict(kind="sde", noise_level=0.7, noise=torch.zeros(2)), "noise has shape"),
     ],
 )

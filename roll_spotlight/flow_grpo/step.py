@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .noise import step_noise
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -119,18 +117,6 @@ def _log_prob(kind: StepKind, x_next, mean, std) -> torch.Tensor:
     return gaussian_log_prob(x_next, mean, std)
 
 
-def _standard_normal(sample, noise, generator_seeds, step_index) -> torch.Tensor:
-    if noise is not None:
-        if noise.shape != sample.shape:
-            raise ValueError(f"noise has shape {tuple(noise.shape)}; expected {tuple(sample.shape)}")
-        return noise.to(device=sample.device, dtype=torch.float32)
-    if generator_seeds is None or step_index is None:
-        raise ValueError("pass noise=..., or both generator_seeds=... and step_index=..., to draw a step")
-    if len(generator_seeds) != sample.shape[0]:
-        raise ValueError(f"{len(generator_seeds)} generator_seeds for a batch of {sample.shape[0]}")
-    return step_noise(generator_seeds, step_index, tuple(sample.shape[1:]), device=sample.device)
-
-
 def sde_step(
     velocity: torch.Tensor,
     sample: torch.Tensor,
@@ -141,16 +127,14 @@ def sde_step(
     kind: str | StepKind = "sde",
     noise: torch.Tensor | None = None,
     prev_sample: torch.Tensor | None = None,
-    generator_seeds: Sequence[int] | None = None,
-    step_index: int | None = None,
     noised: torch.Tensor | None = None,
 ) -> StepResult:
     """Take (or, with `prev_sample`, score) one transition; see the module docstring for the math.
 
     With `prev_sample` nothing is drawn: its log-prob under the current velocity is returned and it
     is echoed back (training recomputes log-probs this way). It is detached, so gradients reach the
-    policy only through `mean`. Otherwise the standard normal draw is `noise`, or
-    step_noise(generator_seeds, step_index, ...). sigma/sigma_next: floats, 0-d or (B,) tensors.
+    policy only through `mean`. Otherwise the standard normal draw is `noise` (a sample's own:
+    `noise.step_noise(seeds, step, ...)`). sigma/sigma_next: floats, 0-d or (B,) tensors.
     `noised` (B,) bool: rows where it is False take an ODE step instead (log_prob 0, `noise` unused
     there), so rows of a step-level batch each keep their own noise plan; the others' bits are
     those of a batch of `kind` alone.
@@ -173,7 +157,10 @@ def sde_step(
     elif step_kind is StepKind.ODE:
         x_next = mean
     else:
-        x_next = mean + std * _standard_normal(x, noise, generator_seeds, step_index)
+        if noise is None or noise.shape != x.shape:
+            got = None if noise is None else tuple(noise.shape)
+            raise ValueError(f"noise has shape {got}; expected {tuple(x.shape)} (a draw per sample, step_noise)")
+        x_next = mean + std * noise.to(device=x.device, dtype=torch.float32)
     log_prob = _log_prob(step_kind, x_next, mean, std)
     if noised is not None:
         log_prob = torch.where(noised.to(log_prob.device), log_prob, torch.zeros_like(log_prob))
