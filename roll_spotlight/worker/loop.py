@@ -324,15 +324,13 @@ class WorkerLoop:
             self._keep_leases()
         if self._any(self.signals.ending()):
             return None if self._any(self.signals.interrupting()) else []
-        if not report.free or not (self._refilling or self._waiting_of_shape()):
+        if not report.free or not (self._refilling or any(lease.request.batch_shape == self._shape
+                                                           for lease in self._waiting)):
             return []
         refills, self._waiting, self._refilling = self._lead(lambda: self._refills(report.free))
         for lease in refills:
             self._start_row(lease)
         return refills
-
-    def _waiting_of_shape(self) -> bool:
-        return any(lease.request.batch_shape == self._shape for lease in self._waiting)
 
     def _refills(self, free: int) -> tuple[list, list, bool]:
         """(leases for ``free`` slots, the leases left waiting, whether to pull again): waiting
