@@ -154,14 +154,17 @@ def test_capacity_counts_each_worker_process_at_its_host_size():
 def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, tmp_path):
     """Two on-demand GPUs and one spot node of two on emulated H100s, four iterations at
     time-scale 4, spot training on: the trace notices the node 2 s ahead (through its notice agent)
-    and kills it 5 s into the run. Every update and rollout completes, nothing mismatches."""
+    and kills it 5 s into the run. Every update and rollout completes, nothing mismatches. Batches
+    of 2 (an iteration is 16 requests): at the recipe's 16 one worker would denoise the whole
+    iteration in one batch, and the first update would train after the node is gone."""
     from roll_spotlight.startup import WorkerPlacement, start_run
 
     trace = tmp_path / "aws-trace.csv"
     trace.write_text("0,add,a\n20000,remove,a\n600000,add,b\n")  # Bamboo's format: ms, event, node
     cfg = recipe(prompts, "rollout_batch_size=4", "train.group_size=4", "max_steps=4", "eval_steps=0",
                  "exploration.mode=off", "spot.training_phase=train", f"spot.trace={trace}", "spot.max_workers=1",
-                 "spot.gpus_per_node=2", "spot.notice_s=2.0", "dispatch.pull_batch=2", "train.colocated=true")
+                 "spot.gpus_per_node=2", "spot.notice_s=2.0", "dispatch.pull_batch=2", "train.colocated=true",
+                 "sampling.max_batch=2")
     run_dir = tmp_path / "run"
     start_run(cfg, run_dir, placement=WorkerPlacement(workers=2, emulate="h100", time_scale=4.0), progress=False)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
@@ -185,3 +188,24 @@ def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, 
     assert fig["counters"]["spot/preemptions"] == 1 and fig["counters"]["mismatched_outputs"] == 0
     # and what the trace did to the raylets: the one node killed at its deadline, after its notice
     assert (fig["counters"]["raylets_killed_after_notice"], fig["counters"]["raylets_killed_without_notice"]) == (1, 0)
+
+
+def test_each_step_waits_one_batched_step_of_the_rows_in_flight(prompts, monkeypatch):
+    """max_batch 4: a step of four rows waits the cost model's step of a batch of four (one
+    forward of 4 x CFG rows), not four steps of one; once the resumed row finishes, three."""
+    from roll_spotlight.worker.emulated import Pacer
+
+    compute = EmulatedCompute(emulation(prompts), max_batch=4)
+    stopped = denoise_lease(compute, lease(seed=3), should_stop=lambda: True)  # committed after step 1
+    spec = lambda seed: RequestSpec(1, "a sign that says 'ok'", seed, Schedule(10, 1.2, "sde", 0, 2), 3,  # noqa: E731
+                                    RequestKind.ROLLOUT, 4)
+    leases = [Lease(3, Request.from_spec(5, spec(3)), "w", float("inf"), stopped.state, 1)]
+    leases += [Lease(i, Request.from_spec(i + 10, spec(i)), "w", float("inf"), None, 1) for i in range(3)]
+    waits = []
+    monkeypatch.setattr(Pacer, "wait", lambda self, modelled_s: waits.append(modelled_s))
+    finished = []
+    assert compute.denoise_batch(leases, lambda report: finished.extend(report.finished) or []) == []
+    step = compute.emulation.durations.denoise_step_s
+    assert waits == [step(1, False, 4)] * 9 + [step(1, False, 3)]
+    assert step(1, False, 4) < 4 * step(1, False, 1) and len(finished) == 4
+    assert not any(mismatched(outcome.output) for _, outcome in finished)

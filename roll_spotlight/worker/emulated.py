@@ -199,15 +199,13 @@ class EmulatedCompute:
 
     def denoise_batch(self, leases, at_boundary, on_checkpoint=None, *, decode: bool = True):
         """`worker.loop.Compute.denoise_batch` with a stand-in chain per row: each step waits one
-        step of the rows in flight (their per-image time, one after another: the cost model has no
-        batch curve yet), then reports to ``at_boundary`` like the engine. Checkpoints are not
-        emulated."""
+        batched step of the rows in flight (the cost model's forward of rows x CFG branches),
+        then reports to ``at_boundary`` like the engine. Checkpoints are not emulated."""
         shape = check_one_shape(leases)
         rows = {lease.lease_id: (lease, *self._resume(lease)) for lease in leases}
-        step_s = self.emulation.durations.denoise_step_s(self.degree, self.cross_node, serial=True)  # one request
-        pacer = self.emulation.pacer()
+        step_s, pacer = self.emulation.durations.denoise_step_s, self.emulation.pacer()
         while rows:
-            pacer.wait(step_s * len(rows))
+            pacer.wait(step_s(self.degree, self.cross_node, len(rows)))
             for lease, start, latents in rows.values():
                 r = lease.request
                 latents.append(next_latent(latents[-1], r.seed, r.weight_version, len(latents) - 1))
