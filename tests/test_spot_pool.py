@@ -13,6 +13,7 @@ from roll_spotlight.spot_pool.pool import ElasticSpotPool, NodeState, SpotPoolCo
 from roll_spotlight.spot.market import MarketSchedule
 from roll_spotlight.spot import CostLedger, EventKind, EventList, MarketConfig, MarketEvent, NodeEvent, SpotMarket, Trace
 from roll_spotlight.spot.prices import default_prices
+from tests.runtime_helpers import denoise_lease
 
 
 class FakeLauncher:
