@@ -79,6 +79,7 @@ class EmulateBenchConfig:
     time_scale: float | None = None
     seed: int = 0
     pull_batch: int = 4
+    max_batch: int | None = None   # sampling.max_batch of every run (None: the recipe's)
     recipe: Path = RECIPE
     keep_runs: Path | None = None
 
@@ -92,6 +93,8 @@ class EmulateBenchConfig:
             raise ValueError(f"--iterations must be >= 2 (the first one loads weights), got {self.iterations}")
         if self.time_scale is not None and not self.time_scale > 0:
             raise ValueError(f"--time-scale must be > 0, got {self.time_scale!r}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"--max-batch must be >= 1, got {self.max_batch!r}")
 
     def row_list(self) -> list[Row]:
         rows = [r for r in ROWS if r.name in self.rows]
@@ -116,6 +119,7 @@ def run_bench(cfg: EmulateBenchConfig) -> dict:
                 rows.append(compare(row, system, emulated, sim["baselines"][system]))
                 log.info("%s %s: %s", row.name, system, json.dumps(rows[-1]["summary"]))
     return {"kind": "emulated", "gpu": cfg.gpu, "iterations": cfg.iterations, "trace": TRACE, "seed": cfg.seed,
+            "rollout": sim_rollout(cfg),
             "wall_minutes": (time.time() - started) / 60.0, "rows": rows}
 
 
@@ -132,6 +136,16 @@ def _prompt_files(folder: Path) -> Path:
 EMULATED_SERIAL = False
 
 
+def sim_rollout(cfg: EmulateBenchConfig) -> dict:
+    """How the simulator's workers denoise: as the emulated ones (serial, or the run's max_batch)."""
+    if EMULATED_SERIAL:
+        return {"serial_rollout": True}
+    from roll_spotlight.config.run import RunConfig
+    from roll_spotlight.config.strict import load_config
+
+    return {"max_batch": cfg.max_batch or load_config(RunConfig, cfg.recipe, []).sampling.max_batch}
+
+
 def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
     """The trace second the window starts at: the first at which the capped spot fleet is full and
     after which a node gets its notice and goes during the steady iterations (the simulator's span
@@ -143,8 +157,7 @@ def trace_window(trace, row: Row, cfg: EmulateBenchConfig) -> float:
     span = simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=("spotlight_train",), seed=cfg.seed,
                     cost_model=row_cost_model(cfg, row), gpus_per_spot_node=GPUS_PER_SPOT_NODE,
-                    spot_host_gpus=GPUS_PER_SPOT_NODE,
-                    serial_rollout=EMULATED_SERIAL)["baselines"]["spotlight_train"]["sim_end_s"]
+                    spot_host_gpus=GPUS_PER_SPOT_NODE, **sim_rollout(cfg))["baselines"]["spotlight_train"]["sim_end_s"]
     cap = row.spot // GPUS_PER_SPOT_NODE
     market = SpotMarket(trace, MarketConfig(cap_nodes=cap, seed=cfg.seed))
     first = span / cfg.iterations + market.notice_s  # the notice, too, after the first iteration
@@ -173,7 +186,7 @@ def simulated(trace, row: Row, cfg: EmulateBenchConfig, window: float) -> dict:
     return simulate(trace, resolution=row.resolution, ondemand=row.ondemand, spot=row.spot,
                     iterations=cfg.iterations, baselines=cfg.systems, seed=cfg.seed, cost_model=row_cost_model(cfg, row),
                     start_s=window, skip_ramp=False, gpus_per_spot_node=GPUS_PER_SPOT_NODE,
-                    spot_host_gpus=GPUS_PER_SPOT_NODE, serial_rollout=EMULATED_SERIAL)
+                    spot_host_gpus=GPUS_PER_SPOT_NODE, **sim_rollout(cfg))
 
 
 def run_config(cfg: EmulateBenchConfig, row: Row, system: str, prompts: Path, window: float):
@@ -189,7 +202,8 @@ def run_config(cfg: EmulateBenchConfig, row: Row, system: str, prompts: Path, wi
                  f"task.test_file={prompts / 'test.txt'}", "task.val_prompts=16", "train.colocated=true",
                  f"spot.trace={traces_root() / TRACE}", f"spot.start_s={window}",
                  f"spot.max_workers={row.spot // GPUS_PER_SPOT_NODE}", f"spot.gpus_per_node={GPUS_PER_SPOT_NODE}",
-                 f"spot.seed={cfg.seed}", *SYSTEM_OVERRIDES[system]]
+                 f"spot.seed={cfg.seed}", *SYSTEM_OVERRIDES[system],
+                 *([f"sampling.max_batch={cfg.max_batch}"] if cfg.max_batch is not None else [])]
     return load_config(RunConfig, cfg.recipe, overrides)
 
 
@@ -296,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=None, help="one time-scale for every row (default: the row's)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--pull-batch", type=int, default=d.pull_batch, help="dispatch.pull_batch of every run")
+    p.add_argument("--max-batch", type=int, default=None, help="sampling.max_batch of every run (default: the recipe's)")
     p.add_argument("--keep-runs", type=Path, default=None, help="keep every run's directory under this folder")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/emulate.json"), help="JSON result")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -309,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = EmulateBenchConfig(gpu=args.gpu, iterations=args.iterations, rows=tuple(args.rows),
                                  systems=tuple(args.systems), time_scale=args.time_scale, seed=args.seed,
-                                 pull_batch=args.pull_batch, keep_runs=args.keep_runs)
+                                 pull_batch=args.pull_batch, max_batch=args.max_batch, keep_runs=args.keep_runs)
     except ValueError as err:
         print(f"python -m benchmarks.emulate: {err}", file=sys.stderr)
         return 2
