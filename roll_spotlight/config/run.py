@@ -215,6 +215,17 @@ class ExplorationConfig:
     the rollouts' own sampler, its SDE window rescaled to `num_steps`; "ode": no noise) make explore
     requests cheaper than rollouts; a cheaper schedule's outputs are never trained on.
 
+    `target`: what exploration chooses. "seeds" (above): the seeds of each drawn prompt. "prompts"
+    (prompt screening, `roll_spotlight.exploration.screen`): `prompt_candidates` x
+    `rollout_batch_size` prompts are drawn (the first `rollout_batch_size` are the unscreened
+    draw), spot GPUs explore `prompt_screen_seeds` seeds of each, and the batch keeps the ones least
+    likely to give an all-equal group, predicted from those seeds and each prompt's reward history
+    (weights decayed by `prompt_decay` per iteration); every candidate keeps at least `prompt_floor`
+    of a uniform draw's chance. The groups are fresh random seeds. `unbiased` weights every trained
+    sample by 1 / its inclusion probability (Horvitz-Thompson), so the update's expectation is the
+    unscreened, unselected one; with target seeds it needs `selection: pps` (randomised),
+    `baseline: pool` and `planner: uniform` (the bandit's pool sizes depend on the rewards it saw).
+
     `adaptive` (on by default: no studied setting beat vanilla beyond noise, so a run must notice
     when exploring buys nothing; docs/learning.md): the run measures what each round bought (the
     selected groups' stale reward std over a random subset's of the same pools, the share of
@@ -234,10 +245,16 @@ class ExplorationConfig:
     screen_seeds: int = 0
     rank_threshold: float = 0.0
     fallback: Literal["random", "fresh"] = "random"
-    selection: Literal["max_variance", "top_bottom"] = "max_variance"
+    selection: Literal["max_variance", "top_bottom", "pps"] = "max_variance"
     baseline: Literal["selected", "pool"] = "selected"
     num_steps: int | None = None
     kind: Literal["sde", "ode"] = "sde"
+    target: Literal["seeds", "prompts"] = "seeds"
+    unbiased: bool = False
+    prompt_candidates: int = 2
+    prompt_screen_seeds: int = 4
+    prompt_floor: float = 0.1
+    prompt_decay: float = 0.7
     adaptive: bool = True
     adaptive_min_gain: float = 1.05
     adaptive_min_equal_removed: float = 0.05
@@ -252,7 +269,15 @@ class ExplorationConfig:
         require_int("exploration.min_seeds_before_abandon", self.min_seeds_before_abandon, ">= 2")
         require_each(self, key, ("screen_seeds", "adaptive_probe_every"), require_int, ">= 0", why="(0: off)")
         require_literals(self, key)
-        require(isinstance(self.adaptive, bool), "exploration.adaptive", self.adaptive, "must be true or false")
+        for name in ("adaptive", "unbiased"):
+            require(isinstance(getattr(self, name), bool), f"{key}.{name}", getattr(self, name), "must be true or false")
+        require_int("exploration.prompt_candidates", self.prompt_candidates, ">= 2", why="(x rollout_batch_size)")
+        require_int("exploration.prompt_screen_seeds", self.prompt_screen_seeds, ">= 0", why="(0: history only)")
+        require_each(self, key, ("prompt_floor", "prompt_decay"), require_number, "(0, 1]")
+        if self.unbiased and self.target == "seeds":
+            chosen = (self.selection, self.baseline, self.planner)
+            require(chosen == ("pps", "pool", "uniform"), "exploration.unbiased", self.unbiased,
+                    f"with target seeds needs selection pps, baseline pool and planner uniform, not {chosen}")
         require_number("exploration.adaptive_min_gain", self.adaptive_min_gain, why="(a ratio of standard deviations)")
         require_number("exploration.adaptive_min_equal_removed", self.adaptive_min_equal_removed, "[0, 1]")
         require_each(self, key, ("adaptive_min_spearman", "rank_threshold"), require_number, "[-1, 1]")
