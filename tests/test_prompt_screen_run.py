@@ -10,7 +10,8 @@ from roll_spotlight.startup import start_run
 from roll_spotlight.training.metrics import read_metrics
 from tests.runtime_helpers import random_policy, tiny_config
 
-SCREEN = ["exploration.target=prompts", "exploration.prompt_screen_seeds=2", "max_steps=3"]
+SCREEN = ["exploration.target=prompts", "exploration.prompt_screen_seeds=2", "max_steps=3",
+          "exploration.adaptive=false"]  # the screen alone (the switch: tests/test_exploration_adaptive.py)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -234,7 +234,10 @@ class ExplorationConfig:
     `adaptive_min_gain` nor the removed share `adaptive_min_equal_removed`, or the Spearman is
     below `adaptive_min_spearman`; once stopped, a full-budget probe round every
     `adaptive_probe_every` iterations (0: never) can restore it
-    (`roll_spotlight.exploration.adaptive`).
+    (`roll_spotlight.exploration.adaptive`). It also picks the target (`adaptive.TargetSwitch`):
+    prompt screening while the unscreened draw's all-equal share is above `adaptive_screen_above`
+    (1: never) and the screen removes at least `adaptive_min_screen_value` of it, no exploration
+    where that share is high but the screen removes less, seed selection where it is not high.
     """
 
     mode: Literal["off", "fresh", "stale"] = "off"
@@ -261,6 +264,8 @@ class ExplorationConfig:
     adaptive_min_spearman: float = 0.3
     adaptive_window: int = 3
     adaptive_probe_every: int = 5
+    adaptive_screen_above: float = 0.3
+    adaptive_min_screen_value: float = 0.05
 
     def __post_init__(self) -> None:
         key = "exploration"
@@ -279,7 +284,8 @@ class ExplorationConfig:
             require(chosen == ("pps", "pool", "uniform"), "exploration.unbiased", self.unbiased,
                     f"with target seeds needs selection pps, baseline pool and planner uniform, not {chosen}")
         require_number("exploration.adaptive_min_gain", self.adaptive_min_gain, why="(a ratio of standard deviations)")
-        require_number("exploration.adaptive_min_equal_removed", self.adaptive_min_equal_removed, "[0, 1]")
+        require_each(self, key, ("adaptive_min_equal_removed", "adaptive_screen_above", "adaptive_min_screen_value"),
+                     require_number, "[0, 1]")
         require_each(self, key, ("adaptive_min_spearman", "rank_threshold"), require_number, "[-1, 1]")
 
 

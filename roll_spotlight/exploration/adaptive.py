@@ -203,3 +203,69 @@ class AdaptiveBudget:
         self.buys = bool(state.get("buys", True))
         self.records = [tuple(float(x) for x in r) for r in state["records"]]
         self.history = list(state.get("history", []))
+
+
+TARGETS = ("seeds", "prompts", "off")
+
+
+class TargetSwitch:
+    """What exploration chooses, from what the run measures (`exploration.adaptive`).
+
+    Per iteration it is told `share`, the all-equal share of the unscreened draw (the trained
+    groups' when nothing was selected, the explored pools' random-subset probability when seeds
+    were, the screen's prediction when prompts were), and, for a screened batch, `value`: that
+    share minus the trained groups' (the all-equal groups the screen removed). Over the last
+    `window` iterations since the last change:
+
+        share <= screen_above                                -> "seeds" (the AdaptiveBudget sets its budget)
+        share > screen_above, screen unmeasured or value >= min_value -> "prompts"
+        share > screen_above, value < min_value             -> "off", screening again after probe_every
+
+    "off" and not "seeds" where the screen buys nothing: there most groups are all failures or all
+    passes, and seed selection's contrast (a rare success picked into every group) validated worse
+    than vanilla (docs/learning.md). Pure; every decision has a reason for the metrics.
+    """
+
+    def __init__(self, target: str, screen_above: float, min_value: float, window: int, probe_every: int):
+        assert target in TARGETS, target
+        self.target, self.screen_above, self.min_value = target, screen_above, min_value
+        self.window, self.probe_every = window, probe_every
+        self.records: list[tuple[float, float]] = []  # (share, value) since the last change
+        self.reason = f"configured: {target}"
+
+    def observe(self, share: float, value: float = math.nan) -> dict:
+        """Record one iteration; decide when the window is full. Returns the metrics to log."""
+        if not math.isnan(share):
+            self.records.append((share, value))
+        if self.target == "off" and self.probe_every and len(self.records) >= self.probe_every:
+            self._change("prompts", f"probing the screen after {len(self.records)} iterations off")
+        elif len(self.records) >= self.window:
+            self._decide(self.records[-self.window:])
+        return {"explore/target": self.target, "explore/switch": self.reason}
+
+    def _decide(self, window: list[tuple[float, float]]) -> None:
+        share = float(np.mean([s for s, _ in window]))
+        values = [v for _, v in window if not math.isnan(v)]
+        value = float(np.mean(values)) if values else math.nan
+        facts = f"all-equal share {share:.3f} over {len(window)} iterations"
+        if share <= self.screen_above:
+            self._change("seeds", f"{facts} <= {self.screen_above}: seed selection")
+        elif self.target == "off":
+            return
+        elif math.isnan(value) or value >= self.min_value:
+            self._change("prompts", f"{facts} > {self.screen_above}" + (
+                "" if math.isnan(value) else f", the screen removes {value:.3f} >= {self.min_value}") + ": prompt screening")
+        else:
+            self._change("off", f"{facts}, but the screen removes {value:.3f} < {self.min_value}: no exploration")
+
+    def _change(self, target: str, reason: str) -> None:
+        if target != self.target:
+            self.records.clear()
+        self.target, self.reason = target, reason
+
+    def state_dict(self) -> dict:
+        return {"target": self.target, "reason": self.reason, "records": [list(r) for r in self.records]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.target, self.reason = state["target"], state["reason"]
+        self.records = [tuple(float(x) for x in r) for r in state["records"]]

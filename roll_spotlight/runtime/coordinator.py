@@ -27,6 +27,7 @@ import numpy as np
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
+from roll_spotlight.exploration.adaptive import TargetSwitch
 from roll_spotlight.exploration.screen import PromptHistory, ScreenedDraw, screen_draw
 from roll_spotlight.exploration.spot_share import SpotPlacement
 from roll_spotlight.runtime.exploration_round import ExplorationRound, ResumedRound, round_state
@@ -115,6 +116,9 @@ class Coordinator:
         explore = cfg.exploration
         self.adaptive = (AdaptiveBudget(AdaptiveConfig.from_exploration(explore, cfg.train.group_size))
                          if explore.adaptive and explore.mode != "off" else None)
+        self.switch = (TargetSwitch(explore.target, explore.adaptive_screen_above, explore.adaptive_min_screen_value,
+                                    explore.adaptive_window, explore.adaptive_probe_every)
+                       if self.adaptive is not None else None)
         if explore.baseline == "pool" and explore.mode != "off":
             _require_baselines(backend)
         # spot.training_phase: auto weighs exploring against training on the spot workers
@@ -173,6 +177,7 @@ class Coordinator:
         stats["groups_all_equal"] = self._remember(specs, rewards)
         stats |= self._rank_check(specs, rewards)
         stats |= self._adapt(rnd, stats.get("rank_spearman", math.nan))
+        stats |= self._switch_target(rnd, stats["groups_all_equal"])
         baselines = self._baselines(rnd, specs)
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
@@ -212,6 +217,8 @@ class Coordinator:
     def _budget(self, it: int) -> int | None:
         """Explored seeds per prompt for the prompts of `it`: the adaptive controller's (0: none), else
         None (the configured budget)."""
+        if self.switch is not None and self.switch.target == "off":
+            return 0
         return None if self.adaptive is None else self.adaptive.seeds_per_prompt(it)
 
     def _explore_next(self, it: int, handle) -> int:
@@ -271,7 +278,7 @@ class Coordinator:
         """Per sample (mean, std) of its prompt's explored stale rewards (`exploration.baseline: pool`;
         NaN: the group's own), and with `exploration.unbiased` the Horvitz-Thompson weight."""
         explore, slots = self.cfg.exploration, self._slots(specs)
-        if self._screening():
+        if self.draw is not None:  # this batch was screened (the switch may since have moved on)
             weights = np.repeat(self.draw.weights, self.cfg.train.group_size) if explore.unbiased else None
             stats = np.full((len(specs), 2), np.nan)
         elif explore.baseline != "pool" or rnd is None:
@@ -284,7 +291,20 @@ class Coordinator:
 
     # --- prompt screening (exploration.target: prompts; exploration/screen.py) ---------------------
     def _screening(self) -> bool:
-        return self.cfg.exploration.target == "prompts" and self._mode() != "off"
+        target = self.cfg.exploration.target if self.switch is None else self.switch.target
+        return target == "prompts" and self._mode() != "off"
+
+    def _switch_target(self, rnd, trained_all_equal: float) -> dict:
+        """`exploration.adaptive`: the unscreened draw's all-equal share (and the screen's value) decide
+        what the next iterations explore for."""
+        if self.switch is None:
+            return {}
+        if self.draw is not None:
+            share = self.draw.baseline_share
+            return self.switch.observe(share, share - trained_all_equal)
+        if rnd is not None and rnd.contrast(self.cfg.train.group_size).prompts:
+            return self.switch.observe(rnd.contrast(self.cfg.train.group_size).equal_random)
+        return self.switch.observe(trained_all_equal)
 
     def _candidates(self, it: int) -> list[int]:
         """The run's draw for `it`, then the refills (`prompt_candidates` x the batch in all)."""
@@ -379,6 +399,7 @@ class Coordinator:
                 **({} if self.adaptive is None else {"adaptive": self.adaptive.state_dict()}),
                 **({} if self.placement is None else {"placement": self.placement.state_dict()}),
                 **({} if self.history is None else {"prompt_history": self.history.state_dict()}),
+                **({} if self.switch is None else {"switch": self.switch.state_dict()}),
                 "weight_version": self.backend.weight_version, "config": to_dict(self.cfg),
                 "files": {BACKEND_FILE: _file_digest(tmp / BACKEND_FILE)}}
         (tmp / META_FILE).write_text(json.dumps(meta))
@@ -425,6 +446,8 @@ class Coordinator:
             self.placement.load_state_dict(meta["placement"])
         if self.history is not None and meta.get("prompt_history"):
             self.history.load_state_dict(meta["prompt_history"])
+        if self.switch is not None and meta.get("switch"):
+            self.switch.load_state_dict(meta["switch"])
         self.writer.truncate_after(meta["iteration"])
 
     @staticmethod
