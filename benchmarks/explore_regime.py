@@ -23,7 +23,7 @@ MODES = ("strict", "partial", "mix")
 
 
 def probe(cfg, policy, groups: int) -> dict:
-    from roll_spotlight.rewards.base import build_reward
+    from roll_spotlight.rewards.reward import build_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.prompt_pools import draw_seeds, train_pool
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec

@@ -337,7 +337,7 @@ class Coordinator:
         schedule = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)[0].schedule
         rnd = ExplorationRound(cfg, self.cfg.train.group_size, prompts, schedule, self.backend.weight_version,
                                it, self.cfg.seed, seeds_per_prompt=seeds)
-        explored = rnd.run(self.backend, keep_going)
+        explored = rnd.explore(self.backend, keep_going)
         for slot, (_, text) in enumerate(prompts):
             self.history.observe(text, rnd.pool(slot))
         return explored
