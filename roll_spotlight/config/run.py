@@ -215,16 +215,12 @@ class ExplorationConfig:
     the rollouts' own sampler, its SDE window rescaled to `num_steps`; "ode": no noise) make explore
     requests cheaper than rollouts; a cheaper schedule's outputs are never trained on.
 
-    `target`: what exploration chooses. "seeds" (above): the seeds of each drawn prompt. "prompts"
-    (prompt screening, `roll_spotlight.exploration.screen`): `prompt_candidates` x
-    `rollout_batch_size` prompts are drawn (the first `rollout_batch_size` are the unscreened
-    draw), spot GPUs explore `prompt_screen_seeds` seeds of each, and the batch keeps the ones least
-    likely to give an all-equal group, predicted from those seeds and each prompt's reward history
-    (weights decayed by `prompt_decay` per iteration); every candidate keeps at least `prompt_floor`
-    of a uniform draw's chance. The groups are fresh random seeds. `unbiased` weights every trained
-    sample by 1 / its inclusion probability (Horvitz-Thompson), so the update's expectation is the
-    unscreened, unselected one; with target seeds it needs `selection: pps` (randomised),
-    `baseline: pool` and `planner: uniform` (the bandit's pool sizes depend on the rewards it saw).
+    `target`: what exploration chooses: "seeds" (above), or "prompts" (`exploration.screen`): of
+    `prompt_candidates` x `rollout_batch_size` drawn prompts, spot GPUs explore `prompt_screen_seeds`
+    seeds each, and the batch keeps those least likely to give an all-equal group (reward history
+    decayed by `prompt_decay` per iteration; each keeps `prompt_floor` of a uniform draw's chance).
+    `unbiased` weights each sample by 1 / its inclusion probability (Horvitz-Thompson); with target
+    seeds it needs `selection: pps`, `baseline: pool` and `planner: uniform`.
 
     `adaptive` (on by default: no studied setting beat vanilla beyond noise, so a run must notice
     when exploring buys nothing; docs/learning.md): the run measures what each round bought (the
@@ -234,10 +230,9 @@ class ExplorationConfig:
     `adaptive_min_gain` nor the removed share `adaptive_min_equal_removed`, or the Spearman is
     below `adaptive_min_spearman`; once stopped, a full-budget probe round every
     `adaptive_probe_every` iterations (0: never) can restore it
-    (`roll_spotlight.exploration.adaptive`). It also picks the target (`adaptive.TargetSwitch`):
-    prompt screening while the unscreened draw's all-equal share is above `adaptive_screen_above`
-    (1: never) and the screen removes at least `adaptive_min_screen_value` of it, no exploration
-    where that share is high but the screen removes less, seed selection where it is not high.
+    (`roll_spotlight.exploration.adaptive`). It also picks the target (`adaptive.TargetSwitch`) from
+    the all-equal share against `adaptive_screen_above` and the screen's value against
+    `adaptive_min_screen_value`.
     """
 
     mode: Literal["off", "fresh", "stale"] = "off"

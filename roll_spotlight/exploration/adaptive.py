@@ -209,52 +209,53 @@ TARGETS = ("seeds", "prompts", "off")
 
 
 class TargetSwitch:
-    """What exploration chooses, from what the run measures (`exploration.adaptive`).
+    """What exploration chooses, from what the run measures (`exploration.adaptive`). Pure.
 
-    Per iteration it is told `share`, the all-equal share of the unscreened draw (the trained
-    groups' when nothing was selected, the explored pools' random-subset probability when seeds
-    were, the screen's prediction when prompts were), and, for a screened batch, `value`: that
-    share minus the trained groups' (the all-equal groups the screen removed). Over the last
-    `window` iterations since the last change:
+    Per iteration: `share`, the all-equal share of the unscreened draw (the trained groups', the
+    explored pools' random-subset probability, or the screen's prediction); for a screened batch
+    `value`, that share minus the trained groups' (what the screen removed); `graded`, whether a
+    reward other than 0 and 1 was seen. Over the last `window` iterations since the last change:
 
-        share <= screen_above                                -> "seeds" (the AdaptiveBudget sets its budget)
-        share > screen_above, screen unmeasured or value >= min_value -> "prompts"
-        share > screen_above, value < min_value             -> "off", screening again after probe_every
+        share > screen_above, value unmeasured or >= min_value  -> "prompts"
+        share > screen_above, value < min_value                 -> "off", screening again after probe_every
+        share <= screen_above, graded rewards                   -> "seeds"
+        share <= screen_above, pass/fail rewards                -> "off"
 
-    "off" and not "seeds" where the screen buys nothing: there most groups are all failures or all
-    passes, and seed selection's contrast (a rare success picked into every group) validated worse
-    than vanilla (docs/learning.md). Pure; every decision has a reason for the metrics.
+    Seed selection never beat vanilla beyond noise, and under a pass/fail reward it trained worse
+    (a max-variance group is half successes whatever the prompt's rate); the screen paid where most
+    groups were all equal (docs/learning.md). Every decision has a reason for the metrics.
     """
 
     def __init__(self, target: str, screen_above: float, min_value: float, window: int, probe_every: int):
         assert target in TARGETS, target
         self.target, self.screen_above, self.min_value = target, screen_above, min_value
         self.window, self.probe_every = window, probe_every
-        self.records: list[tuple[float, float]] = []  # (share, value) since the last change
+        self.records: list[tuple[float, float, bool]] = []  # (share, value, graded) since the last change
         self.reason = f"configured: {target}"
 
-    def observe(self, share: float, value: float = math.nan) -> dict:
+    def observe(self, share: float, value: float = math.nan, graded: bool = True) -> dict:
         """Record one iteration; decide when the window is full. Returns the metrics to log."""
         if not math.isnan(share):
-            self.records.append((share, value))
-        if self.target == "off" and self.probe_every and len(self.records) >= self.probe_every:
+            self.records.append((share, value, graded))
+        if self.reason.endswith("no exploration") and self.probe_every and len(self.records) >= self.probe_every:
             self._change("prompts", f"probing the screen after {len(self.records)} iterations off")
         elif len(self.records) >= self.window:
             self._decide(self.records[-self.window:])
         return {"explore/target": self.target, "explore/switch": self.reason}
 
-    def _decide(self, window: list[tuple[float, float]]) -> None:
-        share = float(np.mean([s for s, _ in window]))
-        values = [v for _, v in window if not math.isnan(v)]
+    def _decide(self, window: list[tuple[float, float, bool]]) -> None:
+        share = float(np.mean([r[0] for r in window]))
+        values = [r[1] for r in window if not math.isnan(r[1])]
         value = float(np.mean(values)) if values else math.nan
         facts = f"all-equal share {share:.3f} over {len(window)} iterations"
         if share <= self.screen_above:
-            self._change("seeds", f"{facts} <= {self.screen_above}: seed selection")
-        elif self.target == "off":
-            return
+            graded = all(r[2] for r in window)
+            self._change("seeds" if graded else "off", f"{facts} <= {self.screen_above}: " + (
+                "seed selection" if graded else "pass/fail rewards, no seed selection"))
         elif math.isnan(value) or value >= self.min_value:
-            self._change("prompts", f"{facts} > {self.screen_above}" + (
-                "" if math.isnan(value) else f", the screen removes {value:.3f} >= {self.min_value}") + ": prompt screening")
+            if not self.reason.endswith("no exploration"):
+                self._change("prompts", f"{facts} > {self.screen_above}" + (
+                    "" if math.isnan(value) else f", the screen removes {value:.3f}") + ": prompt screening")
         else:
             self._change("off", f"{facts}, but the screen removes {value:.3f} < {self.min_value}: no exploration")
 
@@ -268,4 +269,4 @@ class TargetSwitch:
 
     def load_state_dict(self, state: dict) -> None:
         self.target, self.reason = state["target"], state["reason"]
-        self.records = [tuple(float(x) for x in r) for r in state["records"]]
+        self.records = [(float(s), float(v), bool(g)) for s, v, g in state["records"]]

@@ -1,29 +1,17 @@
 """Prompt screening: draw the batch away from prompts whose next group will likely be all equal.
 
-A group whose rewards are all equal has zero advantage, and the trainer drops it
-(`train.drop_zero_std`): its rollouts bought nothing. Late in training, or on a mix with prompts
-the policy always passes or always fails, that is a large share of the groups (GRESO, arXiv
-2506.02177; DAPO's dynamic sampling). The screen predicts, per prompt, the probability that its
-next group of k is all equal, and draws the batch from a larger candidate set, leaning away from
-such prompts.
+An all-equal group has zero advantage and buys nothing (GRESO, arXiv 2506.02177; DAPO's dynamic
+sampling). A prompt's rewards so far (trained groups, seeds spot GPUs explored with stale weights),
+weighted `decay ** age`, are the data of a Dirichlet-process posterior (concentration `alpha`,
+continuous base measure) whose predictive gives the probability that the next k are all equal:
 
-Prediction. A prompt's rewards so far (its trained groups, and seeds that spot GPUs explored with
-stale weights), each weighted `decay ** age` (age in iterations: the policy moves), are the data
-of a Dirichlet-process posterior with concentration `alpha` and a continuous base measure. Its
-predictive (the Polya urn) gives the probability that the next k rewards are all equal:
+    P = [sum_v c_v^(k) + alpha (k-1)!] / (C + alpha)^(k),   x^(k) = x (x+1) ... (x+k-1)
 
-    P = [sum_v c_v^(k) + alpha (k-1)!] / (C + alpha)^(k)
-
-c_v the weight of each distinct value v seen, C their sum, x^(k) = x (x+1) ... (x+k-1); the
-second term is a first reward never seen before that the other k-1 repeat. An unseen prompt gets
-alpha (k-1)! / alpha^(k) (1/k for alpha 1); after one all-pass group of 16, 0.5.
-
-Draw. Candidate p is kept with probability pi_p = B s_p / sum(s), s_p = max(1 - P_p, floor),
-capped at 1 (`inclusion_probabilities`), exactly B of them by systematic sampling: no prompt
-starves (pi_p >= floor B / C) and a skipped prompt is only deferred, since every iteration draws
-anew from the pool. `weights` are the Horvitz-Thompson weights B / (C pi_p): with them the batch's
-weighted mean of any per-prompt quantity is unbiased for the candidates' mean, which is what a
-uniform draw estimates (`exploration.unbiased`). Pure numpy.
+(c_v the weight of each value seen, C their sum; an unseen prompt gets 1/k for alpha 1). The draw
+keeps B of C candidates, candidate p with pi_p proportional to max(1 - P_p, floor), capped at 1, by
+systematic sampling: no prompt starves, a skipped one is only deferred. `weights` B / (C pi_p) are
+Horvitz-Thompson weights: the batch's weighted mean of any per-prompt quantity is unbiased for the
+candidates' mean, what a uniform draw estimates (`exploration.unbiased`). Pure numpy.
 """
 from __future__ import annotations
 

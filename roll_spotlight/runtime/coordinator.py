@@ -177,7 +177,7 @@ class Coordinator:
         stats["groups_all_equal"] = self._remember(specs, rewards)
         stats |= self._rank_check(specs, rewards)
         stats |= self._adapt(rnd, stats.get("rank_spearman", math.nan))
-        stats |= self._switch_target(rnd, stats["groups_all_equal"])
+        stats |= self._switch_target(rnd, stats["groups_all_equal"], not np.isin(rewards, (0.0, 1.0)).all())
         baselines = self._baselines(rnd, specs)
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
@@ -294,17 +294,18 @@ class Coordinator:
         target = self.cfg.exploration.target if self.switch is None else self.switch.target
         return target == "prompts" and self._mode() != "off"
 
-    def _switch_target(self, rnd, trained_all_equal: float) -> dict:
-        """`exploration.adaptive`: the unscreened draw's all-equal share (and the screen's value) decide
-        what the next iterations explore for."""
+    def _switch_target(self, rnd, trained_all_equal: float, graded: bool) -> dict:
+        """`exploration.adaptive`: the unscreened draw's all-equal share (the screen's value, whether the
+        rewards are graded) decide what the next iterations explore for."""
         if self.switch is None:
             return {}
+        share, value = trained_all_equal, math.nan
         if self.draw is not None:
             share = self.draw.baseline_share
-            return self.switch.observe(share, share - trained_all_equal)
-        if rnd is not None and rnd.contrast(self.cfg.train.group_size).prompts:
-            return self.switch.observe(rnd.contrast(self.cfg.train.group_size).equal_random)
-        return self.switch.observe(trained_all_equal)
+            value = share - trained_all_equal
+        elif rnd is not None and rnd.contrast(self.cfg.train.group_size).prompts:
+            share = rnd.contrast(self.cfg.train.group_size).equal_random
+        return self.switch.observe(share, value, graded)
 
     def _candidates(self, it: int) -> list[int]:
         """The run's draw for `it`, then the refills (`prompt_candidates` x the batch in all)."""
