@@ -211,19 +211,12 @@ TARGETS = ("seeds", "prompts", "off")
 class TargetSwitch:
     """What exploration chooses, from what the run measures (`exploration.adaptive`). Pure.
 
-    Per iteration: `share`, the all-equal share of the unscreened draw (the trained groups', the
-    explored pools' random-subset probability, or the screen's prediction); for a screened batch
-    `value`, that share minus the trained groups' (what the screen removed); `graded`, whether a
-    reward other than 0 and 1 was seen. Over the last `window` iterations since the last change:
-
-        share > screen_above, value unmeasured or >= min_value  -> "prompts"
-        share > screen_above, value < min_value                 -> "off", screening again after probe_every
-        share <= screen_above, graded rewards                   -> "seeds"
-        share <= screen_above, pass/fail rewards                -> "off"
-
-    Seed selection never beat vanilla beyond noise, and under a pass/fail reward it trained worse
-    (a max-variance group is half successes whatever the prompt's rate); the screen paid where most
-    groups were all equal (docs/learning.md). Every decision has a reason for the metrics.
+    Per iteration: `share`, the all-equal share of the unscreened draw; `value`, what a screened
+    batch removed of it; `graded`, whether a reward other than 0 and 1 was seen. Over the last
+    `window` iterations since the last change: share above `screen_above` -> "prompts" while the
+    screen removes at least `min_value` (unmeasured counts), else "off" and a probe every
+    `probe_every`; share below -> "seeds" for graded rewards, "off" for pass/fail ones, where
+    seed selection trained worse (docs/learning.md). Every decision has a reason for the metrics.
     """
 
     def __init__(self, target: str, screen_above: float, min_value: float, window: int, probe_every: int):

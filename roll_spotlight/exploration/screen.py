@@ -49,12 +49,8 @@ class PromptHistory:
 
     def advance(self) -> None:
         """One iteration older: every weight times `decay`, negligible ones dropped."""
-        for prompt in list(self.counts):
-            kept = {v: c * self.decay for v, c in self.counts[prompt].items() if c * self.decay >= self.prune}
-            if kept:
-                self.counts[prompt] = kept
-            else:
-                del self.counts[prompt]
+        aged = {p: {v: c * self.decay for v, c in counts.items()} for p, counts in self.counts.items()}
+        self.counts = {p: kept for p, c in aged.items() if (kept := {v: w for v, w in c.items() if w >= self.prune})}
 
     def all_equal(self, prompt: Hashable, k: int) -> float:
         return all_equal_predictive(self.counts.get(prompt, {}), k, self.alpha)
