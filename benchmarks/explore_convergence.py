@@ -8,7 +8,8 @@
 Every run starts from the same policy (the config's base, or `--start`: a run checkpoint's policy,
 with a fresh optimiser) and runs in this process, one after another in seed-major order; a run
 whose `summary.json` exists is not run again, so two processes on disjoint `--seeds` can share
-`--runs`, and a stopped study resumes. Settings are override lists (`SETTINGS`).
+`--runs`, and a stopped study resumes. Settings are override lists (`SETTINGS`); `-o` applies after
+them (e.g. `-o exploration.seeds_per_prompt=8` for groups of 4).
 
 What is reported (all MEASURED), per setting against vanilla, paired by seed:
 - iterations to the target (default: vanilla's mean final validation reward), the first evaluated
@@ -57,7 +58,7 @@ def run_one(config: str, overrides: list[str], setting: str, seed: int, start: s
     run_dir = runs / f"{setting}-seed{seed}"
     if (run_dir / "summary.json").is_file():
         return run_dir
-    cfg = load_config(RunConfig, config, [*overrides, *SETTINGS[setting], f"seed={seed}"])
+    cfg = load_config(RunConfig, config, [*SETTINGS[setting], *overrides, f"seed={seed}"])  # -o wins
     policy, _ = load_start_policy(cfg, start)
     t0 = time.monotonic()
     start_run(cfg, run_dir, policy=copy.deepcopy(policy), progress=False)
