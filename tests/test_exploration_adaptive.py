@@ -172,12 +172,10 @@ def test_switch_follows_the_all_equal_share_and_the_screens_value():
     assert sw.observe(0.8)["explore/target"] == "prompts" and "probing" in sw.reason
     pass_fail = TargetSwitch("seeds", 0.3, 0.05, 2, 3)
     pass_fail.observe(0.1, graded=False)
-    assert pass_fail.observe(0.2, graded=False)["explore/target"] == "off"  # 0/1 rewards: neither seeds
+    assert pass_fail.observe(0.2, graded=False)["explore/target"] == "off"  # 0/1 rewards: no seed selection
     assert "pass/fail" in pass_fail.reason
-    for share in (0.5, 0.6, 0.7, 0.8):
-        assert pass_fail.observe(share, graded=False)["explore/target"] == "off"  # nor prompts, and no probe
-    pass_fail.observe(0.6)
-    assert pass_fail.observe(0.6)["explore/target"] == "prompts"  # graded rewards, most groups all equal
+    pass_fail.observe(0.5, graded=False)
+    assert pass_fail.observe(0.6, graded=False)["explore/target"] == "prompts"  # the trained groups' share rose
     restored = TargetSwitch("seeds", 0.3, 0.05, 2, 3)
     restored.load_state_dict(sw.state_dict())
     assert (restored.target, restored.reason, restored.records) == (sw.target, sw.reason, sw.records)
