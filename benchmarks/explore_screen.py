@@ -1,9 +1,11 @@
-"""Screen seed exploration settings by the validation change of one Flow-GRPO update, paired.
+"""Screen exploration settings by the validation change of one Flow-GRPO update, paired.
 
-    python benchmarks/explore_screen.py --config configs/tiny_shapes.yaml --threads 1 --replicates 6 \
+    python -m benchmarks.explore_screen --config configs/tiny_shapes.yaml --threads 1 --replicates 6 \
         --pools 2 4 6 --out benchmarks/results/explore_screen.json
-    python benchmarks/explore_screen.py ... -o reward.kwargs.mode=strict --pools 2 4 6 \
+    python -m benchmarks.explore_screen ... -o reward.kwargs.mode=strict --pools 2 4 6 \
         --only P4-max_variance-pool P2-top_bottom-selected --out benchmarks/results/explore_screen_strict.json
+    python -m benchmarks.explore_screen ... --screen --pools 2 --selections max_variance --baselines selected \
+        --start RUN/checkpoints/iter-000040 --out benchmarks/results/explore_screen_late.json
 
 The reward regime is the config's `reward` section, so `-o reward.kwargs.mode=strict|partial|mix`
 varies it (validation then scores the same reward; strict accuracy is recorded beside it). Each
@@ -18,7 +20,14 @@ explored with the weights that are updated, so staleness is not part of this scr
 - vanilla: the first group_size seeds of each prompt (random seeds), the group's own statistics;
 - for each pool P (explored seeds per trained seed), selection (max_variance, top_bottom) and
   baseline (selected, pool): the first P x group_size seeds are the pool, the selector picks the
-  group, and advantages use the group's own mean/std or the pool's.
+  group, and advantages use the group's own mean/std or the pool's;
+- with `--screen`: prompt screening ("screen": a second draw of as many prompts refills the
+  candidates, each candidate's all-equal probability comes from `--screen-seeds` more of its seeds,
+  and `exploration.screen.screen_draw` keeps the batch; groups are the kept prompts' first
+  group_size seeds), and the unbiased variants ("-hw", Horvitz-Thompson weights: "screen-hw" and
+  "P{p}-pps-pool-hw", randomised PPS selection against the pool's statistics).
+
+`--start` begins from a run checkpoint's policy instead of the base (the late-training regime).
 
 Each setting takes one update from the base on its batch (same optimiser state: none) and is
 validated on the same held-out (prompt, seed) pairs (ODE, `--val-pairs` of the validation set).
@@ -40,6 +49,21 @@ from pathlib import Path
 import numpy as np
 
 
+def load_start_policy(cfg, start: str | None):
+    """(policy, name): the config's cached base, or with `start` the policy weights of a run
+    checkpoint (its directory or its backend.pt) loaded into it."""
+    import torch
+
+    from roll_spotlight.training.pretrain import load_or_pretrain
+
+    policy, meta = load_or_pretrain(cfg, progress=False)
+    if not start:
+        return policy, Path(meta["path"]).name
+    path = Path(start) / "backend.pt" if Path(start).is_dir() else Path(start)
+    policy.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["policy"])
+    return policy, str(path)
+
+
 def _batch_of(traj, rewards, prompts, pick, g):
     """Trajectory rows `pick` (per prompt, its chosen indices into the flat batch) as one batch."""
     rows = [i for chosen in pick for i in chosen]
@@ -47,11 +71,16 @@ def _batch_of(traj, rewards, prompts, pick, g):
 
 
 def setting_names(pools: list[int], selections: list[str], baselines: list[str],
-                  only: list[str] | None = None) -> list[tuple[str, int, str, str]]:
-    """(name, pool, selection, baseline) of vanilla and every pool x selection x baseline, or of
-    vanilla and the names in `only` (vanilla is always kept: every test is paired against it)."""
+                  only: list[str] | None = None, screen: bool = False) -> list[tuple[str, int, str, str]]:
+    """(name, pool, selection, baseline) of vanilla and every pool x selection x baseline (with
+    `screen` also prompt screening, "screen" and "screen-hw", and the unbiased seed selection
+    "P{p}-pps-pool-hw" per pool), or of vanilla and the names in `only` (vanilla is always kept:
+    every test is paired against it). "-hw": Horvitz-Thompson weights (`exploration.unbiased`)."""
     settings = [("vanilla", 1, "random", "selected")] + [
         (f"P{p}-{sel}-{bl}", p, sel, bl) for p in pools for sel in selections for bl in baselines]
+    if screen:
+        settings += [("screen", 1, "screen", "selected"), ("screen-hw", 1, "screen", "selected")]
+        settings += [(f"P{p}-pps-pool-hw", p, "pps", "pool") for p in pools]
     if only:
         known = {name for name, *_ in settings}
         unknown = sorted(set(only) - known)
@@ -61,23 +90,62 @@ def setting_names(pools: list[int], selections: list[str], baselines: list[str],
     return settings
 
 
+def _seed_groups(rewards, n: int, prompts: int, p: int, g: int, sel: str, bl: str, weighted: bool, r: int):
+    """Per prompt, the chosen rows of its pool (the first p x g of its n seeds), and the (N, 2 or 3)
+    baselines: the pool's (mean, std) with baseline pool, and k / (n pi) with `weighted`."""
+    from roll_spotlight.exploration import get_selector
+    from roll_spotlight.exploration.select import pps_inclusion
+
+    pick, rows = [], []
+    for j in range(prompts):
+        idx = np.arange(j * n, j * n + p * g)
+        chosen = idx[:g] if sel == "random" else idx[get_selector(sel)(rewards[idx], g, 1000 * r + j)]
+        pick.append(chosen.tolist())
+        stats = (rewards[idx].mean(), rewards[idx].std()) if bl == "pool" else (np.nan, np.nan)
+        weights = g / (len(idx) * pps_inclusion(rewards[idx], g)[chosen - idx[0]]) if weighted else np.ones(g)
+        rows += [(*stats, w) for w in weights]
+    base = np.array(rows)
+    return pick, (base if weighted else base[:, :2] if bl == "pool" else None), {}
+
+
+def _screened_groups(rewards, n: int, candidates: int, batch: int, g: int, screen_seeds: int, weighted: bool,
+                     floor: float, r: int):
+    """Prompt screening: each candidate's all-equal probability from its seeds g..g+screen_seeds-1
+    (the first g are its group), the screen's draw of `batch` of them, their groups of g."""
+    from roll_spotlight.exploration.screen import PromptHistory, screen_draw
+
+    history = PromptHistory(decay=1.0)
+    for j in range(candidates):
+        history.observe(j, rewards[j * n + g:j * n + g + screen_seeds])
+    draw = screen_draw([history.all_equal(j, g) for j in range(candidates)], batch, floor,
+                       np.random.default_rng([r, 0x5C4EE]))
+    pick = [list(range(j * n, j * n + g)) for j in draw.chosen]
+    base = np.column_stack([np.full((batch * g, 2), np.nan), np.repeat(draw.weights, g)]) if weighted else None
+    return pick, base, {"skipped": draw.skipped, "predicted_unscreened": draw.baseline_share,
+                        "predicted_batch": float(draw.predicted[draw.chosen].mean())}
+
+
 def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baselines: list[str], val,
-              only: list[str] | None = None, sink=None) -> dict:
+              only: list[str] | None = None, sink=None, screen: bool = False, screen_seeds: int = 4,
+              floor: float = 0.1) -> dict:
     import torch
 
-    from roll_spotlight.exploration import get_selector
     from roll_spotlight.rewards.configured import configured_reward
     from roll_spotlight.runtime.coordinator import iteration_specs
     from roll_spotlight.training.evaluate import evaluate
     from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch
-    from roll_spotlight.training.prompt_pools import draw_seeds, train_pool
+    from roll_spotlight.training.prompt_pools import draw_prompt_ids, draw_seeds, train_pool
     from roll_spotlight.training.sampling import generate, to_uint8_images, train_spec
 
     g = cfg.train.group_size
     it = 200_000 + r
-    specs = iteration_specs(cfg, train_pool(cfg.task), it, weight_version=0)
+    pool = train_pool(cfg.task)
+    specs = iteration_specs(cfg, pool, it, weight_version=0)
     texts = [s.prompt for s in specs[::g]]
-    n = max(pools) * g
+    batch = len(texts)
+    if screen:  # the refill candidates (the run's second prompt stream), after the draw's own
+        texts += [pool.texts[i] for i in draw_prompt_ids(len(pool), batch, seed=cfg.seed, iteration=it, stream=1)]
+    n = max(max(pools) * g, g + screen_seeds if screen else 0)
     seeds = draw_seeds(len(texts) * n, seed=cfg.seed, iteration=it)
     prompts = [t for t in texts for _ in range(n)]
     reward = configured_reward(cfg.reward)
@@ -89,18 +157,16 @@ def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baseli
     before_ev = evaluate(base, val, reward, cfg.sampling)
     before = before_ev.rewards
 
-    settings = setting_names(pools, selections, baselines, only)
+    settings = setting_names(pools, selections, baselines, only, screen)
     out = {"replicate": r, "iteration": it, "prompts": texts, "explore_s": explore_s,
            "base_val": float(before.mean()), "base_val_strict": float(np.nanmean(before_ev.strict)), "settings": {}}
     for name, p, sel, bl in settings:
-        pick, stats = [], []
-        for j in range(len(texts)):
-            idx = np.arange(j * n, j * n + p * g)
-            chosen = idx[:g] if sel == "random" else idx[get_selector(sel)(rewards[idx], g, 0)]
-            pick.append(chosen.tolist())
-            stats.append((rewards[idx].mean(), rewards[idx].std()))
+        weighted = name.endswith("-hw")
+        if sel == "screen":
+            pick, base_arr, extra = _screened_groups(rewards, n, len(texts), batch, g, screen_seeds, weighted, floor, r)
+        else:
+            pick, base_arr, extra = _seed_groups(rewards, n, batch, p, g, sel, bl, weighted, r)
         sub, rw, pr, gid = _batch_of(traj, rewards, prompts, pick, g)
-        base_arr = np.repeat(np.array(stats), g, axis=0) if bl == "pool" else None
         policy = copy.deepcopy(base)
         torch.manual_seed(cfg.seed)
         trainer = FlowGRPOTrainer(policy, cfg.train)
@@ -110,14 +176,14 @@ def replicate(cfg, base, r: int, pools: list[int], selections: list[str], baseli
         after_ev = evaluate(policy, val, reward, cfg.sampling)
         after = after_ev.rewards
         diff = after - before
-        groups = rw.reshape(len(texts), g)
+        groups = rw.reshape(batch, g)
         out["settings"][name] = {
             "pool": p, "selection": sel, "baseline": bl, "val_change": float(diff.mean()),
             "val_change_se_pairs": float(diff.std(ddof=1) / math.sqrt(len(diff))),
             "val_strict_change": float(np.nanmean(after_ev.strict - before_ev.strict)),
             "trained_reward_std": float(groups.std(axis=1).mean()),
             "all_equal_groups": float(np.mean(groups.max(axis=1) == groups.min(axis=1))),
-            "trained_samples": int(metrics.get("trained_samples", 0)), "seconds": time.monotonic() - t1}
+            "trained_samples": int(metrics.get("trained_samples", 0)), "seconds": time.monotonic() - t1, **extra}
         line = json.dumps({"replicate": r, "setting": name, "reward_kwargs": dict(cfg.reward.kwargs),
                            "base_val": out["base_val"], "explore_s": explore_s, **out["settings"][name]})
         print(line, flush=True)
@@ -183,6 +249,12 @@ def main(argv=None) -> int:
     p.add_argument("--selections", nargs="+", default=["max_variance", "top_bottom"])
     p.add_argument("--baselines", nargs="+", default=["selected", "pool"])
     p.add_argument("--only", nargs="+", default=None, help="vanilla and these settings only (e.g. P4-top_bottom-pool)")
+    p.add_argument("--screen", action="store_true",
+                   help="also prompt screening (screen, screen-hw) and unbiased seed selection (P{p}-pps-pool-hw)")
+    p.add_argument("--screen-seeds", type=int, default=4, help="explored seeds per candidate prompt")
+    p.add_argument("--floor", type=float, default=0.1, help="the screen's floor (exploration.prompt_floor)")
+    p.add_argument("--start", default=None, help="a run checkpoint (directory or backend.pt) to start from; "
+                                                 "default: the config's base")
     p.add_argument("--val-pairs", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/results/explore_screen.json")
@@ -205,17 +277,16 @@ def main(argv=None) -> int:
                          "two-sided Student t with replicates - 1 df", "summary": summary}, indent=2))
         print(table(summary))
         return 0
-    setting_names(args.pools, args.selections, args.baselines, args.only)  # fail on a bad --only before the base loads
+    setting_names(args.pools, args.selections, args.baselines, args.only, args.screen)  # fail on a bad --only first
 
     from roll_spotlight.config.run import RunConfig
     from roll_spotlight.config.strict import load_config
     from roll_spotlight.startup import set_threads
-    from roll_spotlight.training.pretrain import load_or_pretrain
     from roll_spotlight.training.prompt_pools import validation_set
 
     set_threads(args.threads)
     cfg = load_config(RunConfig, args.config, args.override)
-    base, meta = load_or_pretrain(cfg, progress=False)
+    base, policy_name = load_start_policy(cfg, args.start)
     full = validation_set(cfg.task)
     v = min(args.val_pairs, len(full.texts))
     val = dataclasses.replace(full, texts=full.texts[:v], tags=full.tags[:v], seeds=full.seeds[:v])
@@ -223,17 +294,18 @@ def main(argv=None) -> int:
     jsonl = Path(args.jsonl or Path(args.out).with_suffix(".jsonl"))
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     with jsonl.open("w") as sink:
-        reps = [replicate(cfg, base, r, args.pools, args.selections, args.baselines, val, args.only, sink)
+        reps = [replicate(cfg, base, r, args.pools, args.selections, args.baselines, val, args.only, sink,
+                          args.screen, args.screen_seeds, args.floor)
                 for r in range(args.first_replicate, args.first_replicate + args.replicates)]
     summary = summarise(reps)
     result = {"kind": "measured", "config": args.config, "overrides": args.override,
-              "policy": Path(meta["path"]).name, "reward": cfg.reward.name, "reward_kwargs": dict(cfg.reward.kwargs),
+              "policy": policy_name, "reward": cfg.reward.name, "reward_kwargs": dict(cfg.reward.kwargs),
               "group_size": cfg.train.group_size, "learning_rate": cfg.train.learning_rate, "val_pairs": v,
               "test": "per replicate d = setting's validation change - vanilla's; mean d / se over replicates, "
                       "two-sided Student t with replicates - 1 df",
               "settings_tested": len(summary) - 1, "jsonl": str(jsonl),
               "wall_s": time.monotonic() - t0, "replicates": reps, "summary": summary,
-              "command": "python benchmarks/explore_screen.py " + " ".join(argv or __import__("sys").argv[1:])}
+              "command": "python -m benchmarks.explore_screen " + " ".join(argv or __import__("sys").argv[1:])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(table(summary))

@@ -106,7 +106,7 @@ def test_adaptive_keys_are_checked():
     from tests.runtime_helpers import tiny_config
 
     for key, value in [("adaptive_window", 0), ("adaptive_probe_every", -1), ("adaptive_min_spearman", 2),
-                       ("adaptive_min_equal_removed", 1.5), ("adaptive_min_gain", 0), ("num_steps", 0),
+                       ("adaptive_min_equal_removed", 1.5), ("adaptive_min_gain", 0), ("adaptive_screen_above", 2), ("num_steps", 0),
                        ("selection", "best"), ("baseline", "prompt"), ("kind", "cps")]:
         with pytest.raises(ConfigError, match=f"exploration.{key}"):
             tiny_config("exploration.mode=stale", f"exploration.{key}={value}")
@@ -117,7 +117,7 @@ def test_adaptive_keys_are_checked():
 ADAPTIVE = ["exploration.mode=stale", "exploration.seeds_per_prompt=6", "exploration.seeds_per_pull=2",
             "exploration.min_seeds_before_abandon=2", "exploration.adaptive=true", "exploration.adaptive_window=1",
             "exploration.adaptive_probe_every=0", "exploration.adaptive_min_spearman=-1", "max_steps=4",
-            "eval_steps=0"]
+            "eval_steps=0", "exploration.adaptive_screen_above=1"]  # the seed budget alone (no prompt screening)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -151,3 +151,47 @@ def test_a_reward_where_selection_buys_nothing_stops_exploring(tmp_path):
     assert rows[1]["explore/budget_scale"] == 0.0 and "stopped" in rows[1]["explore/reason"]
     assert [r["explored_seeds"] for r in rows] == [4, 0, 0, 0]
     assert rows[2]["explore/budget_scale"] == 0.0 and "explore/contrast_gain" not in rows[2]
+
+
+# --- the target switch: seed selection, prompt screening or none -------------------------------------
+
+def test_switch_follows_the_all_equal_share_and_the_screens_value():
+    from roll_spotlight.exploration.adaptive import TargetSwitch
+
+    sw = TargetSwitch("seeds", screen_above=0.3, min_value=0.05, window=2, probe_every=3)
+    sw.observe(0.1)
+    assert sw.observe(0.2)["explore/target"] == "seeds"  # few all-equal groups: seed selection
+    sw.observe(0.6)
+    assert sw.observe(0.7)["explore/target"] == "prompts" and "prompt screening" in sw.reason
+    sw.observe(0.6, 0.3)
+    assert sw.observe(0.6, 0.2)["explore/target"] == "prompts" and "removes 0.250" in sw.reason
+    sw.observe(0.7, 0.0)
+    assert sw.observe(0.7, 0.02)["explore/target"] == "off"  # most groups all equal, the screen removes none
+    sw.observe(0.7)
+    assert sw.observe(0.8)["explore/target"] == "off"
+    assert sw.observe(0.8)["explore/target"] == "prompts" and "probing" in sw.reason
+    pass_fail = TargetSwitch("seeds", 0.3, 0.05, 2, 3)
+    pass_fail.observe(0.1, graded=False)
+    assert pass_fail.observe(0.2, graded=False)["explore/target"] == "off"  # 0/1 rewards: no seed selection
+    assert "pass/fail" in pass_fail.reason
+    pass_fail.observe(0.5, graded=False)
+    assert pass_fail.observe(0.6, graded=False)["explore/target"] == "prompts"  # the trained groups' share rose
+    restored = TargetSwitch("seeds", 0.3, 0.05, 2, 3)
+    restored.load_state_dict(sw.state_dict())
+    assert (restored.target, restored.reason, restored.records) == (sw.target, sw.reason, sw.records)
+
+
+def test_a_run_whose_groups_are_all_equal_screens_then_stops(tmp_path):
+    """Every group all equal: the switch turns to prompt screening after one iteration; the screen
+    removes none (every candidate is as flat), so exploration stops."""
+    from roll_spotlight.startup import start_run
+    from roll_spotlight.training.metrics import read_metrics
+    from tests.runtime_helpers import random_policy, tiny_config
+
+    cfg = tiny_config(*ADAPTIVE[:-1], "exploration.prompt_screen_seeds=2",
+                      "reward.name=tests.test_exploration_adaptive:PromptOnlyReward")
+    start_run(cfg, tmp_path / "flat", policy=random_policy(cfg), progress=False)
+    rows = [r for r in read_metrics(tmp_path / "flat") if r["step"] >= 1]
+    assert [r["explore/target"] for r in rows] == ["prompts", "off", "off", "off"], [r["explore/switch"] for r in rows]
+    assert rows[1]["screen/skipped"] >= 0.0 and rows[1]["groups_all_equal"] == 1.0
+    assert [r["explored_seeds"] for r in rows] == [2 * 2 * 2, 0, 0, 0]  # 2 seeds x 4 candidates, then none

@@ -118,7 +118,7 @@ def test_baseline_selectors():
 
 
 def test_selector_registry():
-    assert set(SELECTORS) == {"max_variance", "best_worst_halves", "top_bottom", "random", "top"}
+    assert set(SELECTORS) == {"max_variance", "best_worst_halves", "top_bottom", "random", "top", "pps"}
     values = [0.0, 1.0, 0.4, 0.6]
     assert get_selector("max_variance")(values, 2, 0).tolist() == select_max_variance(values, 2).tolist()
     # Sol-RL's top-k/2 + bottom-k/2 (exploration.selection: top_bottom): 0.0 and 0.4 below, 0.6 and 1.0 above

@@ -215,6 +215,13 @@ class ExplorationConfig:
     the rollouts' own sampler, its SDE window rescaled to `num_steps`; "ode": no noise) make explore
     requests cheaper than rollouts; a cheaper schedule's outputs are never trained on.
 
+    `target`: what exploration chooses: "seeds" (above), or "prompts" (`exploration.screen`): of
+    `prompt_candidates` x `rollout_batch_size` drawn prompts, spot GPUs explore `prompt_screen_seeds`
+    seeds each, and the batch keeps those least likely to give an all-equal group (reward history
+    decayed by `prompt_decay` per iteration; each keeps `prompt_floor` of a uniform draw's chance).
+    `unbiased` weights each sample by 1 / its inclusion probability (Horvitz-Thompson); with target
+    seeds it needs `selection: pps`, `baseline: pool` and `planner: uniform`.
+
     `adaptive` (on by default: no studied setting beat vanilla beyond noise, so a run must notice
     when exploring buys nothing; docs/learning.md): the run measures what each round bought (the
     selected groups' stale reward std over a random subset's of the same pools, the share of
@@ -223,7 +230,9 @@ class ExplorationConfig:
     `adaptive_min_gain` nor the removed share `adaptive_min_equal_removed`, or the Spearman is
     below `adaptive_min_spearman`; once stopped, a full-budget probe round every
     `adaptive_probe_every` iterations (0: never) can restore it
-    (`roll_spotlight.exploration.adaptive`).
+    (`roll_spotlight.exploration.adaptive`). It also picks the target (`adaptive.TargetSwitch`) from
+    the all-equal share against `adaptive_screen_above` and the screen's value against
+    `adaptive_min_screen_value`.
     """
 
     mode: Literal["off", "fresh", "stale"] = "off"
@@ -234,16 +243,24 @@ class ExplorationConfig:
     screen_seeds: int = 0
     rank_threshold: float = 0.0
     fallback: Literal["random", "fresh"] = "random"
-    selection: Literal["max_variance", "top_bottom"] = "max_variance"
+    selection: Literal["max_variance", "top_bottom", "pps"] = "max_variance"
     baseline: Literal["selected", "pool"] = "selected"
     num_steps: int | None = None
     kind: Literal["sde", "ode"] = "sde"
+    target: Literal["seeds", "prompts"] = "seeds"
+    unbiased: bool = False
+    prompt_candidates: int = 2
+    prompt_screen_seeds: int = 4
+    prompt_floor: float = 0.1
+    prompt_decay: float = 0.7
     adaptive: bool = True
     adaptive_min_gain: float = 1.05
     adaptive_min_equal_removed: float = 0.05
     adaptive_min_spearman: float = 0.3
     adaptive_window: int = 3
     adaptive_probe_every: int = 5
+    adaptive_screen_above: float = 0.3
+    adaptive_min_screen_value: float = 0.05
 
     def __post_init__(self) -> None:
         key = "exploration"
@@ -252,9 +269,18 @@ class ExplorationConfig:
         require_int("exploration.min_seeds_before_abandon", self.min_seeds_before_abandon, ">= 2")
         require_each(self, key, ("screen_seeds", "adaptive_probe_every"), require_int, ">= 0", why="(0: off)")
         require_literals(self, key)
-        require(isinstance(self.adaptive, bool), "exploration.adaptive", self.adaptive, "must be true or false")
+        for name in ("adaptive", "unbiased"):
+            require(isinstance(getattr(self, name), bool), f"{key}.{name}", getattr(self, name), "must be true or false")
+        require_int("exploration.prompt_candidates", self.prompt_candidates, ">= 2", why="(x rollout_batch_size)")
+        require_int("exploration.prompt_screen_seeds", self.prompt_screen_seeds, ">= 0", why="(0: history only)")
+        require_each(self, key, ("prompt_floor", "prompt_decay"), require_number, "(0, 1]")
+        if self.unbiased and self.target == "seeds":
+            chosen = (self.selection, self.baseline, self.planner)
+            require(chosen == ("pps", "pool", "uniform"), "exploration.unbiased", self.unbiased,
+                    f"with target seeds needs selection pps, baseline pool and planner uniform, not {chosen}")
         require_number("exploration.adaptive_min_gain", self.adaptive_min_gain, why="(a ratio of standard deviations)")
-        require_number("exploration.adaptive_min_equal_removed", self.adaptive_min_equal_removed, "[0, 1]")
+        require_each(self, key, ("adaptive_min_equal_removed", "adaptive_screen_above", "adaptive_min_screen_value"),
+                     require_number, "[0, 1]")
         require_each(self, key, ("adaptive_min_spearman", "rank_threshold"), require_number, "[-1, 1]")
 
 

@@ -1,4 +1,4 @@
-"""Seed exploration: seed selection, the budgeted exploration planner, rank monitoring, the adaptive budget.
+"""Exploration: seed selection, prompt screening (`screen`), the budgeted planner, rank monitoring, the adaptive budget.
 
 Pure numpy (no torch, no Ray): the runtime wraps these policies.
 """

@@ -203,3 +203,63 @@ class AdaptiveBudget:
         self.buys = bool(state.get("buys", True))
         self.records = [tuple(float(x) for x in r) for r in state["records"]]
         self.history = list(state.get("history", []))
+
+
+TARGETS = ("seeds", "prompts", "off")
+
+
+class TargetSwitch:
+    """What exploration chooses, from what the run measures (`exploration.adaptive`). Pure.
+
+    Per iteration: `share`, the all-equal share of the unscreened draw; `value`, what a screened
+    batch removed of it; `graded`, whether a reward other than 0 and 1 was seen. Over the last
+    `window` iterations since the last change: share above `screen_above` -> "prompts" while the
+    screen removes at least `min_value` (unmeasured counts), else "off" and a probe every
+    `probe_every`; share below -> "seeds" for graded rewards, "off" for pass/fail ones, where
+    seed selection trained worse (docs/learning.md). Every decision has a reason for the metrics.
+    """
+
+    def __init__(self, target: str, screen_above: float, min_value: float, window: int, probe_every: int):
+        assert target in TARGETS, target
+        self.target, self.screen_above, self.min_value = target, screen_above, min_value
+        self.window, self.probe_every = window, probe_every
+        self.records: list[tuple[float, float, bool]] = []  # (share, value, graded) since the last change
+        self.reason = f"configured: {target}"
+
+    def observe(self, share: float, value: float = math.nan, graded: bool = True) -> dict:
+        """Record one iteration; decide when the window is full. Returns the metrics to log."""
+        if not math.isnan(share):
+            self.records.append((share, value, graded))
+        if self.reason.endswith("no exploration") and self.probe_every and len(self.records) >= self.probe_every:
+            self._change("prompts", f"probing the screen after {len(self.records)} iterations off")
+        elif len(self.records) >= self.window:
+            self._decide(self.records[-self.window:])
+        return {"explore/target": self.target, "explore/switch": self.reason}
+
+    def _decide(self, window: list[tuple[float, float, bool]]) -> None:
+        share = float(np.mean([r[0] for r in window]))
+        values = [r[1] for r in window if not math.isnan(r[1])]
+        value = float(np.mean(values)) if values else math.nan
+        facts = f"all-equal share {share:.3f} over {len(window)} iterations"
+        if share <= self.screen_above:
+            graded = all(r[2] for r in window)
+            self._change("seeds" if graded else "off", f"{facts} <= {self.screen_above}: " + (
+                "seed selection" if graded else "pass/fail rewards, no seed selection"))
+        elif math.isnan(value) or value >= self.min_value:
+            if not self.reason.endswith("no exploration"):
+                self._change("prompts", f"{facts} > {self.screen_above}" + (
+                    "" if math.isnan(value) else f", the screen removes {value:.3f}") + ": prompt screening")
+        else:
+            self._change("off", f"{facts}, but the screen removes {value:.3f} < {self.min_value}: no exploration")
+
+    def _change(self, target: str, reason: str) -> None:
+        if target != self.target:
+            self.records.clear()
+        self.target, self.reason = target, reason
+
+    def state_dict(self) -> dict:
+        return {"target": self.target, "reason": self.reason, "records": [list(r) for r in self.records]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.target, self.reason = state["target"], state["reason"]
+        self.records = [(float(s), float(v), bool(g)) for s, v, g in state["records"]]

@@ -417,7 +417,9 @@ class ExplorationPlanner:
 
     def _select(self, arm: _Arm, k: int) -> list[int]:
         if len(arm.rewards) >= k:
-            return [arm.seeds[i] for i in get_selector(self.config.selection)(arm.rewards, k, 0)]
+            # a randomised selector (pps) draws anew per prompt and round: a pure function of both
+            draw = _splitmix64(prompt_key(arm.prompt_id) ^ _splitmix64(self.config.base_seed + 1)) >> 33
+            return [arm.seeds[i] for i in get_selector(self.config.selection)(arm.rewards, k, draw)]
         return arm.seeds + self._peek_fresh(arm, k - len(arm.rewards))
 
     def _peek_fresh(self, arm: _Arm, n: int) -> list[int]:

@@ -17,6 +17,11 @@ values the lowest indices win. The result is returned sorted ascending. Conseque
 returns every index; k == 1 (variance 0 for every choice) returns the index of the smallest reward,
 its lowest index if tied; all-equal rewards return ``range(k)``.
 
+``select_pps`` (`exploration.unbiased`) draws the k at random instead, each seed with probability
+``pps_inclusion`` growing with its reward's distance from the pool mean; weighted by k / (n pi)
+(Horvitz-Thompson), the selected group's gradient is then unbiased for the whole pool's, which a
+deterministic selection (inclusion 0 or 1) cannot be.
+
 The other selectors exist as baselines for benchmarks and ablations. ``get_selector(name)`` resolves
 a name from ``SELECTORS``; every selector is called as ``selector(rewards, k, seed)``.
 """
@@ -29,6 +34,7 @@ import numpy as np
 Selector = Callable[[Sequence[float], int, int], np.ndarray]
 
 _REL_TIE = 1e-12
+PPS_FLOOR = 0.1
 
 
 def _as_rewards(rewards: Sequence[float] | np.ndarray, k: int) -> np.ndarray:
@@ -132,6 +138,44 @@ def select_random(rewards: Sequence[float] | np.ndarray, k: int, seed: int = 0) 
     return np.sort(rng.choice(values.shape[0], size=k, replace=False))
 
 
+def inclusion_probabilities(sizes: Sequence[float], n: int) -> np.ndarray:
+    """pi proportional to `sizes` (all > 0), summing to n, none above 1 (the excess spread over the rest)."""
+    s = np.asarray(sizes, dtype=np.float64)
+    assert s.ndim == 1 and np.all(s > 0) and 1 <= n <= len(s), (s, n)
+    pi, capped = np.zeros_like(s), np.zeros(len(s), dtype=bool)
+    while True:
+        free = ~capped
+        pi[free] = (n - capped.sum()) * s[free] / s[free].sum()
+        over = free & (pi >= 1.0)
+        if not over.any():
+            return pi
+        capped |= over
+        pi[capped] = 1.0
+
+
+def systematic_sample(pi: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Exactly round(sum(pi)) distinct indices, index i with probability pi[i] (systematic sampling
+    over a random order); returned ascending."""
+    order = rng.permutation(len(pi))
+    edges = np.cumsum(pi[order])
+    points = rng.uniform() + np.arange(int(round(edges[-1])))
+    return np.sort(order[np.minimum(np.searchsorted(edges, points, side="right"), len(pi) - 1)])
+
+
+def pps_inclusion(rewards: Sequence[float] | np.ndarray, k: int, floor: float = PPS_FLOOR) -> np.ndarray:
+    """Each seed's probability of being in ``select_pps``'s k: proportional to its reward's distance
+    from the pool mean plus ``floor`` times the mean distance (uniform when all are equal)."""
+    values = _as_rewards(rewards, k)
+    dist = np.abs(values - values.mean())
+    return inclusion_probabilities(dist + max(floor * dist.mean(), 1e-12), k)
+
+
+def select_pps(rewards: Sequence[float] | np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """k seeds drawn with probability ``pps_inclusion`` (deterministic in ``seed``), ascending: the
+    randomised selection whose Horvitz-Thompson weights k / (n pi) make it unbiased."""
+    return systematic_sample(pps_inclusion(rewards, k), np.random.default_rng(seed))
+
+
 def _select_max_variance_seeded(rewards: Sequence[float] | np.ndarray, k: int, seed: int = 0) -> np.ndarray:
     return select_max_variance(rewards, k)
 
@@ -142,6 +186,7 @@ SELECTORS: dict[str, Selector] = {
     "top_bottom": select_best_worst_halves,  # Sol-RL's name for it (`exploration.selection`)
     "random": select_random,
     "top": select_top,
+    "pps": select_pps,  # `exploration.unbiased`: randomised, weighted by 1 / inclusion
 }
 
 

@@ -27,6 +27,8 @@ import numpy as np
 from roll_spotlight.config.strict import to_dict
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import AdaptiveBudget, AdaptiveConfig, RankMonitor
+from roll_spotlight.exploration.adaptive import TargetSwitch
+from roll_spotlight.exploration.screen import PromptHistory, ScreenedDraw, screen_draw
 from roll_spotlight.exploration.spot_share import SpotPlacement
 from roll_spotlight.runtime.exploration_round import ExplorationRound, ResumedRound, round_state
 from roll_spotlight.runtime.update_report import UpdateReport
@@ -76,10 +78,13 @@ class RunResult:
                 "paired": paired_gain(self.base, self.final), "run_dir": str(self.run_dir)}
 
 
-def iteration_specs(cfg: RunConfig, pool, iteration: int, weight_version: int) -> list[RequestSpec]:
-    """The rollout requests of one iteration: group_size seeds for each drawn prompt."""
+def iteration_specs(cfg: RunConfig, pool, iteration: int, weight_version: int,
+                    prompt_ids: list[int] | None = None) -> list[RequestSpec]:
+    """The rollout requests of one iteration: group_size seeds for each drawn prompt (`prompt_ids`:
+    the prompt screen's choice instead of the run's draw)."""
     g = cfg.train.group_size
-    ids = draw_prompt_ids(len(pool), cfg.rollout_batch_size, seed=cfg.seed, iteration=iteration)
+    ids = prompt_ids if prompt_ids is not None else draw_prompt_ids(len(pool), cfg.rollout_batch_size,
+                                                                    seed=cfg.seed, iteration=iteration)
     seeds = draw_seeds(len(ids) * g, seed=cfg.seed, iteration=iteration)
     window = choose_window(cfg.sampling, seed=cfg.seed, iteration=iteration)
     lo, hi = window if window is not None else (0, cfg.sampling.num_steps)
@@ -111,6 +116,9 @@ class Coordinator:
         explore = cfg.exploration
         self.adaptive = (AdaptiveBudget(AdaptiveConfig.from_exploration(explore, cfg.train.group_size))
                          if explore.adaptive and explore.mode != "off" else None)
+        self.switch = (TargetSwitch(explore.target, explore.adaptive_screen_above, explore.adaptive_min_screen_value,
+                                    explore.adaptive_window, explore.adaptive_probe_every)
+                       if self.adaptive is not None else None)
         if explore.baseline == "pool" and explore.mode != "off":
             _require_baselines(backend)
         # spot.training_phase: auto weighs exploring against training on the spot workers
@@ -119,6 +127,8 @@ class Coordinator:
                           else None)
         self.explorers: dict[int, int] = {}  # iteration -> spot workers that explored first while it trained
         self.iteration_s: dict[int, float] = {}
+        self.history = PromptHistory(explore.prompt_decay) if explore.mode != "off" else None
+        self.draw: ScreenedDraw | None = None  # the prompt screen's choice for the current iteration
 
     def train(self) -> RunResult:
         from tqdm import tqdm
@@ -146,9 +156,14 @@ class Coordinator:
         # every key ending in _s is a time (durations; started_s is the epoch second the iteration
         # began): the only keys that may differ between two runs of the same seed
         t0, started_at = time.monotonic(), time.time()
-        specs = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
-        stats: dict = {}
-        if self._mode() == "fresh":
+        stats: dict = {"explore_s": 0.0}
+        if self._screening() and self._mode() == "fresh":  # screen on the critical path
+            stats["explored_seeds"] = self._screen_explore(it, lambda: True)
+            stats["explore_s"] = time.monotonic() - t0
+        specs = self._draw(it)
+        if self.draw is not None:
+            stats |= self.draw.metrics()
+        if self._mode() == "fresh" and not self._screening():
             specs, outputs, stats["explored_seeds"], rnd = self._explore_fresh(specs, it)
             t_roll = time.monotonic()
             scored = self.backend.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
@@ -159,8 +174,10 @@ class Coordinator:
             rnd = self.pending if self._mode() == "stale" else None
         prompts = [s.prompt for s in specs]
         rewards = np.asarray(scored.rewards, dtype=np.float64)
+        stats["groups_all_equal"] = self._remember(specs, rewards)
         stats |= self._rank_check(specs, rewards)
         stats |= self._adapt(rnd, stats.get("rank_spearman", math.nan))
+        stats |= self._switch_target(rnd, stats["groups_all_equal"], not np.isin(rewards, (0.0, 1.0)).all())
         baselines = self._baselines(rnd, specs)
         t_reward = time.monotonic()
         g = self.cfg.train.group_size
@@ -169,7 +186,9 @@ class Coordinator:
         handle = self.backend.start_train(outputs, prompts, np.repeat(np.arange(len(specs) // g), g), rewards,
                                           **extra)
         if self._mode() == "stale":
+            t_explore = time.monotonic()
             stats["explored_seeds"] = self._explore_next(it, handle)
+            stats["explore_s"] = time.monotonic() - t_explore
         report = self.backend.finish_train(handle)
         stats |= report.metrics
         t_train = time.monotonic()
@@ -198,10 +217,15 @@ class Coordinator:
     def _budget(self, it: int) -> int | None:
         """Explored seeds per prompt for the prompts of `it`: the adaptive controller's (0: none), else
         None (the configured budget)."""
+        if self.switch is not None and self.switch.target == "off":
+            return 0
         return None if self.adaptive is None else self.adaptive.seeds_per_prompt(it)
 
     def _explore_next(self, it: int, handle) -> int:
         """While iteration `it` trains: explore the prompts of it+1 with the weights of `it`."""
+        if self._screening():
+            self.pending = None
+            return 0 if it >= self.cfg.max_steps else self._screen_explore(it + 1, lambda: self.backend.training(handle))
         budget = self._budget(it + 1)
         if it >= self.cfg.max_steps or budget == 0:  # budget 0: spot workers serve rollouts only
             self.pending = None
@@ -251,10 +275,81 @@ class Coordinator:
         return out | (self.placement.metrics() if self.placement is not None else {"spot/explore_share": 0.0})
 
     def _baselines(self, rnd, specs: list[RequestSpec]) -> np.ndarray | None:
-        """`exploration.baseline: pool`: each sample's (mean, std) of its prompt's explored stale rewards."""
-        if self.cfg.exploration.baseline != "pool" or rnd is None:
+        """Per sample (mean, std) of its prompt's explored stale rewards (`exploration.baseline: pool`;
+        NaN: the group's own), and with `exploration.unbiased` the Horvitz-Thompson weight."""
+        explore, slots = self.cfg.exploration, self._slots(specs)
+        if self.draw is not None:  # this batch was screened (the switch may since have moved on)
+            weights = np.repeat(self.draw.weights, self.cfg.train.group_size) if explore.unbiased else None
+            stats = np.full((len(specs), 2), np.nan)
+        elif explore.baseline != "pool" or rnd is None:
             return None
-        return np.array([rnd.pool_baseline(slot) for slot in self._slots(specs)], dtype=np.float64)
+        else:
+            stats = np.array([rnd.pool_baseline(slot) for slot in slots], dtype=np.float64)
+            weights = (np.array([rnd.seed_weight(slot, s.seed, self.cfg.train.group_size)
+                                 for s, slot in zip(specs, slots)]) if explore.unbiased else None)
+        return stats if weights is None else np.column_stack([stats, weights])
+
+    # --- prompt screening (exploration.target: prompts; exploration/screen.py) ---------------------
+    def _screening(self) -> bool:
+        target = self.cfg.exploration.target if self.switch is None else self.switch.target
+        return target == "prompts" and self._mode() != "off"
+
+    def _switch_target(self, rnd, trained_all_equal: float, graded: bool) -> dict:
+        """`exploration.adaptive`: the unscreened draw's all-equal share (the screen's value, whether the
+        rewards are graded) decide what the next iterations explore for."""
+        if self.switch is None:
+            return {}
+        share, value = trained_all_equal, math.nan
+        if self.draw is not None:
+            share = self.draw.baseline_share
+            value = share - trained_all_equal
+        elif rnd is not None and rnd.contrast(self.cfg.train.group_size).prompts:
+            share = rnd.contrast(self.cfg.train.group_size).equal_random
+        return self.switch.observe(share, value, graded)
+
+    def _candidates(self, it: int) -> list[int]:
+        """The run's draw for `it`, then the refills (`prompt_candidates` x the batch in all)."""
+        b, explore = self.cfg.rollout_batch_size, self.cfg.exploration
+        refill = draw_prompt_ids(len(self.pool), (explore.prompt_candidates - 1) * b, seed=self.cfg.seed,
+                                 iteration=it, stream=1)
+        return draw_prompt_ids(len(self.pool), b, seed=self.cfg.seed, iteration=it) + refill
+
+    def _draw(self, it: int) -> list[RequestSpec]:
+        """The prompts of `it`: the run's draw, or the screen's choice among the candidates."""
+        self.draw = None
+        if not self._screening():
+            return iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)
+        cands, g = self._candidates(it), self.cfg.train.group_size
+        predicted = [self.history.all_equal(self.pool.texts[c], g) for c in cands]
+        self.history.advance()
+        self.draw = screen_draw(predicted, self.cfg.rollout_batch_size, self.cfg.exploration.prompt_floor,
+                                np.random.default_rng([self.cfg.seed, it, 0x5C4EE]))
+        chosen = [cands[i] for i in self.draw.chosen]
+        return iteration_specs(self.cfg, self.pool, it, self.backend.weight_version, prompt_ids=chosen)
+
+    def _screen_explore(self, it: int, keep_going) -> int:
+        """Explore `prompt_screen_seeds` seeds of each candidate of `it`; their rewards join the history."""
+        seeds = self.cfg.exploration.prompt_screen_seeds
+        if seeds == 0:
+            return 0
+        cfg = dataclasses.replace(self.cfg.exploration, planner="uniform", seeds_per_pull=seeds,
+                                  min_seeds_before_abandon=max(2, seeds))
+        prompts = [(c, self.pool.texts[c]) for c in self._candidates(it)]
+        schedule = iteration_specs(self.cfg, self.pool, it, self.backend.weight_version)[0].schedule
+        rnd = ExplorationRound(cfg, self.cfg.train.group_size, prompts, schedule, self.backend.weight_version,
+                               it, self.cfg.seed, seeds_per_prompt=seeds)
+        explored = rnd.explore(self.backend, keep_going)
+        for slot, (_, text) in enumerate(prompts):
+            self.history.observe(text, rnd.pool(slot))
+        return explored
+
+    def _remember(self, specs: list[RequestSpec], rewards: np.ndarray) -> float:
+        """Trained groups join the prompt history; returns the share of them all equal."""
+        groups = rewards.reshape(-1, self.cfg.train.group_size)
+        if self.history is not None:
+            for spec, group in zip(specs[::self.cfg.train.group_size], groups):
+                self.history.observe(spec.prompt, group)
+        return float(np.mean(groups.max(axis=1) == groups.min(axis=1)))
 
     def _slots(self, specs: list[RequestSpec]) -> list[int]:
         return [i // self.cfg.train.group_size for i in range(len(specs))]
@@ -304,6 +399,8 @@ class Coordinator:
                 "fallback_active": self.fallback_active, "rank_history": self.rank_monitor.history,
                 **({} if self.adaptive is None else {"adaptive": self.adaptive.state_dict()}),
                 **({} if self.placement is None else {"placement": self.placement.state_dict()}),
+                **({} if self.history is None else {"prompt_history": self.history.state_dict()}),
+                **({} if self.switch is None else {"switch": self.switch.state_dict()}),
                 "weight_version": self.backend.weight_version, "config": to_dict(self.cfg),
                 "files": {BACKEND_FILE: _file_digest(tmp / BACKEND_FILE)}}
         (tmp / META_FILE).write_text(json.dumps(meta))
@@ -348,6 +445,10 @@ class Coordinator:
             self.adaptive.load_state_dict(meta["adaptive"])
         if self.placement is not None and meta.get("placement"):
             self.placement.load_state_dict(meta["placement"])
+        if self.history is not None and meta.get("prompt_history"):
+            self.history.load_state_dict(meta["prompt_history"])
+        if self.switch is not None and meta.get("switch"):
+            self.switch.load_state_dict(meta["switch"])
         self.writer.truncate_after(meta["iteration"])
 
     @staticmethod

@@ -28,6 +28,7 @@ import numpy as np
 
 from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
 from roll_spotlight.exploration import BanditPlanner, PlannerConfig, RoundContrast, UniformPlanner, round_contrast
+from roll_spotlight.exploration.select import pps_inclusion
 from roll_spotlight.config.run import ExplorationConfig
 
 PLANNERS = {"bandit": BanditPlanner, "uniform": UniformPlanner}
@@ -69,6 +70,16 @@ class _Pools:
         """(mean, population std) of every explored stale reward of the prompt; NaNs when none."""
         rewards = self.pool(slot)
         return (float(np.mean(rewards)), float(np.std(rewards))) if rewards else (math.nan, math.nan)
+
+    def seed_weight(self, slot: int, seed: int, group_size: int) -> float:
+        """`exploration.unbiased`: k / (n pi) for a seed `select_pps` chose from a pool of n >= k
+        (Horvitz-Thompson); 1.0 for a seed of a group that had no choice (n <= k, or a fresh seed)."""
+        keys = sorted(k for k in self.explored if k[0] == slot)
+        rewards = [self.explored[key].reward for key in keys]
+        if len(rewards) <= group_size or (slot, seed) not in self.explored:
+            return 1.0
+        pi = pps_inclusion(rewards, group_size)[keys.index((slot, seed))]
+        return group_size / (len(rewards) * float(pi))
 
     def contrast(self, group_size: int) -> RoundContrast:
         """What the selection bought over random subsets of each prompt's pool (`exploration.adaptive`)."""

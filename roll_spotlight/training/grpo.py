@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,7 +48,8 @@ class ScoredBatch:
     noise_level: float
     kind: str
     # (N, 2) per-sample (mean, std) advantage baselines, e.g. the explored pool's
-    # (`exploration.baseline: pool`); None: each group's own statistics
+    # (`exploration.baseline: pool`; NaN: the group's own statistics), or (N, 3) with a weight that
+    # scales the sample's advantage (`exploration.unbiased`); None: each group's own statistics
     baselines: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -236,13 +238,15 @@ class FlowGRPOTrainer:
         return ref
 
     def advantages(self, batch: ScoredBatch):
-        if batch.baselines is not None:
-            return baselined_advantages(torch.as_tensor(batch.rewards, dtype=torch.float32),
-                                        torch.as_tensor(batch.group_ids), torch.as_tensor(batch.baselines),
-                                        std_mode=self.cfg.std_mode, clip=self.cfg.adv_clip)
-        return group_advantages(torch.as_tensor(batch.rewards, dtype=torch.float32),
-                                torch.as_tensor(batch.group_ids), std_mode=self.cfg.std_mode,
-                                clip=self.cfg.adv_clip)
+        """Group-relative advantages, against the batch's baselines when given, times its weights."""
+        rewards, ids = torch.as_tensor(batch.rewards, dtype=torch.float32), torch.as_tensor(batch.group_ids)
+        if batch.baselines is None:
+            return group_advantages(rewards, ids, std_mode=self.cfg.std_mode, clip=self.cfg.adv_clip)
+        base = torch.as_tensor(batch.baselines)
+        adv = baselined_advantages(rewards, ids, base[:, :2], std_mode=self.cfg.std_mode, clip=self.cfg.adv_clip)
+        if base.shape[1] == 3:  # Horvitz-Thompson weights of a screened or sampled batch
+            adv = dataclasses.replace(adv, values=adv.values * base[:, 2].to(torch.float32))
+        return adv
 
     def _plan(self, batch: ScoredBatch):
         """(advantages of this rank's rows, its kept rows, global kept x steps count, noised steps, metrics);

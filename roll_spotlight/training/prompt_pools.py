@@ -69,9 +69,10 @@ def validation_set(cfg: TaskConfig) -> ValidationSet:
     return ValidationSet(texts, tags, tuple(VAL_SEED_BASE + i for i in range(len(texts))))
 
 
-def draw_prompt_ids(pool_size: int, n: int, *, seed: int, iteration: int) -> list[int]:
-    """Prompts of one iteration: a deterministic function of (run seed, iteration)."""
-    rng = np.random.default_rng([seed, iteration, 0x5EED])
+def draw_prompt_ids(pool_size: int, n: int, *, seed: int, iteration: int, stream: int = 0) -> list[int]:
+    """Prompts of one iteration: a deterministic function of (run seed, iteration); `stream` > 0
+    draws independent extra prompts (the prompt screen's refills)."""
+    rng = np.random.default_rng([seed, iteration, 0x5EED] + ([stream] if stream else []))
     return rng.choice(pool_size, size=n, replace=n > pool_size).tolist()
 
 
