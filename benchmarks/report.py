@@ -175,7 +175,8 @@ def _batching_section(result) -> str:
     if not b:
         return ""
     lines = ["## Batched rollouts, the managed spot job and the calibration (SIMULATED)", "",
-             "Per iteration on the AWS p3 trace, batched (the recipe's `sampling.max_batch`) beside batch 1; "
+             "Per iteration on the AWS p3 trace, batched (the recipe's `sampling.max_batch`) beside batch 1 (the "
+             "engine before batching: one request at a time, CFG as two forwards); "
              "vanilla on demand, Spotlight with spot training, and the whole job on spot GPUs with checkpoints and "
              "a restart after each preemption (managed spot).", "",
              "| cluster | resolution | batch | vanilla s/it | Spotlight+train s/it (x) | managed spot s/it "
@@ -184,23 +185,47 @@ def _batching_section(result) -> str:
         sys_ = shape["systems"]
         van, spt, man = (sys_.get(k) or {} for k in ("vanilla", "spotlight_train", "managed_spot"))
         t, c = "time_per_iteration_s", "cost_per_iteration_usd"
-        lines.append(f"| {shape['shape']} | {shape['resolution']} | {shape['max_batch']} | {van[t]:.1f} | "
+        lines.append(f"| {shape['shape']} | {shape['resolution']} | {shape['mode']} ({shape['max_batch']}) | {van[t]:.1f} | "
                      f"{spt[t]:.1f} ({van[t] / spt[t]:.2f}x) | {man.get(t, float('nan')):.1f} | {van[c]:.2f} | "
                      f"{spt[c]:.2f} ({van[c] / spt[c]:.2f}x) | {man.get(c, float('nan')):.2f} |")
     for res, v in sorted((b.get("vanilla_rollout") or {}).items(), key=lambda kv: int(kv[0])):
         w = v["wall_s"]
         lines.append(f"\nVanilla 8 x H100 at {res}x{res}: rollout phase {w['batch 1']['rollout']:.1f} s at batch 1, "
                      f"{w['batched']['rollout']:.1f} s at batch {v['max_batch']} ({v['rollout_speedup']:.2f}x; "
-                     f"iteration {v['iteration_speedup']:.2f}x).")
+                     f"iteration {v['iteration_speedup']:.2f}x)"
+                     + (f"; {w['max_batch 1']['rollout']:.1f} s at max_batch 1 (CFG in one forward)."
+                        if "max_batch 1" in w else "."))
     same = b.get("same_shape_as_verl_omni")
     if same:
         lines.append(f"\nThis project's vanilla on verl-omni's shape ({same['run']}): "
                      f"{same['simulated_s']['batched']:.1f} s batched, {same['simulated_s']['batch 1']:.1f} s at "
-                     f"batch 1, against {same['published_s']:.0f} s published (MEASURED by verl-omni).")
-    lines += ["", "| calibration row | published s | SIMULATED s | gap |", "|---|---:|---:|---:|"]
+                     f"batch 1, against {same['published_s']:.0f} s PUBLISHED by verl-omni.")
+    lines += _emulated_batching_rows(result.get("batching_emulated") or {})
+    lines += ["", "| calibration row | PUBLISHED s | SIMULATED s | gap |", "|---|---:|---:|---:|"]
     lines += [f"| {r['run']} | {r['published_s']:.0f} | {r['simulated_s']:.1f} | {r['gap']:+.1%} |"
               for r in (b.get("calibration") or {}).get("rows") or []]
     return "\n".join(lines)
+
+
+def _emulated_batching_rows(runs: Mapping[str, Any]) -> list[str]:
+    """EMULATED vanilla and Spotlight with spot training per iteration, batched beside max_batch 1."""
+    lines = []
+    for mode, run in runs.items():
+        by_system = {r["system"]: r for r in (run or {}).get("rows") or []}
+        if "vanilla" not in by_system or "spotlight_train" not in by_system:
+            continue
+        van, spt = by_system["vanilla"], by_system["spotlight_train"]
+        t = "time_per_iteration_s"
+        shape = van["row"]
+        lines.append(f"| {shape['name']} | {mode} | {shape['time_scale']:g} | {van['emulated'][t]:.1f} "
+                     f"({van['simulated'][t]:.1f}) | {spt['emulated'][t]:.1f} ({spt['simulated'][t]:.1f}) | "
+                     f"{van['emulated'][t] / spt['emulated'][t]:.2f}x ({van['simulated'][t] / spt['simulated'][t]:.2f}x) |")
+    if not lines:
+        return []
+    return ["", "EMULATED (the live system on this machine, every compute phase waiting the cost model's duration; "
+            "SIMULATED on the same trace window in brackets), per iteration:", "",
+            "| cluster | engine | time-scale | vanilla s/it | Spotlight+train s/it | vanilla / Spotlight+train |",
+            "|---|---|---:|---:|---:|---:|", *lines]
 
 
 EXTRA_SECTIONS: tuple = (_batching_section,)  # short sections after the verdict: (result) -> str

@@ -58,6 +58,8 @@ SPOT_HEAVY_SHAPE = ("spot-heavy", 2, 14)
 RESULTS_DIR = Path("benchmarks/results")
 RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
 BATCHING_JSON = RESULTS_DIR / "sim_rollout_batching.json"
+BATCHING_EMULATED = {"batched": RESULTS_DIR / "emulate_batched_8x8_512.json",
+                     "max_batch 1": RESULTS_DIR / "emulate_batch1_8x8_512.json"}
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
               "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies, "emulated": emulated,
               "cheap_exploration": cheap_exploration(cfg.rank_vs_steps_json),
               "batching": _saved(cfg.batching_json),
+              "batching_emulated": {mode: _saved(path) for mode, path in BATCHING_EMULATED.items()},
               "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
     report = write_report(result, cfg.out_dir)
     result["report"] = str(report)

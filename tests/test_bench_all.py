@@ -612,15 +612,30 @@ def test_report_quotes_batched_rows_beside_batch_1_and_the_calibration():
         return {"vanilla": row(vanilla_s), "spotlight_train": row(spot_s), "managed_spot": row(2 * vanilla_s)}
 
     batching = {
-        "shapes": [{"shape": "8+8", "resolution": 512, "max_batch": 16, "systems": systems(100.0, 50.0)},
-                   {"shape": "8+8", "resolution": 512, "max_batch": 1, "systems": systems(160.0, 90.0)}],
+        "shapes": [{"shape": "8+8", "resolution": 512, "mode": "batched", "max_batch": 16, "systems": systems(100.0, 50.0)},
+                   {"shape": "8+8", "resolution": 512, "mode": "batch 1", "max_batch": 1, "systems": systems(160.0, 90.0)}],
         "vanilla_rollout": {"512": {"max_batch": 16, "rollout_speedup": 2.1, "iteration_speedup": 1.5,
                                     "wall_s": {"batched": {"rollout": 54.0}, "batch 1": {"rollout": 113.0}}}},
         "calibration": {"rows": [{"run": "LoRA 4 x H800", "published_s": 420.0, "simulated_s": 441.0,
                                   "gap": 0.05}]}}
     text = _batching_section({"batching": batching})
-    assert "| 8+8 | 512 | 16 | 100.0 | 50.0 (2.00x) | 200.0 |" in text
-    assert "| 8+8 | 512 | 1 | 160.0 | 90.0 (1.78x) | 320.0 |" in text
+    assert "| 8+8 | 512 | batched (16) | 100.0 | 50.0 (2.00x) | 200.0 |" in text
+    assert "| 8+8 | 512 | batch 1 (1) | 160.0 | 90.0 (1.78x) | 320.0 |" in text
     assert "113.0 s at batch 1, 54.0 s at batch 16 (2.10x" in text
     assert "| LoRA 4 x H800 | 420 | 441.0 | +5.0% |" in text
     assert _batching_section({}) == ""
+
+
+def test_report_shows_emulated_batched_beside_max_batch_1():
+    from benchmarks.report import _emulated_batching_rows
+
+    def run(vanilla_s, spot_s):
+        shape = {"name": "8+8 512", "time_scale": 10.0}
+        row = lambda system, t: {"system": system, "row": shape, "emulated": {"time_per_iteration_s": t},
+                                 "simulated": {"time_per_iteration_s": t / 2}}
+        return {"rows": [row("vanilla", vanilla_s), row("spotlight_train", spot_s)]}
+
+    lines = _emulated_batching_rows({"batched": run(120.0, 60.0), "max_batch 1": None})
+    assert "| 8+8 512 | batched | 10 | 120.0 (60.0) | 60.0 (30.0) | 2.00x (2.00x) |" in lines
+    assert not any("max_batch 1" in line for line in lines)
+    assert _emulated_batching_rows({}) == []
