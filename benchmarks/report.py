@@ -135,8 +135,10 @@ def _verdict_sentences(rows: list[VerdictRow]) -> list[str]:
             if not values:
                 continue
             met = sum(bool(r.met(metric, kind)) for r in rows if r.to_target(metric, kind).value is not None)
-            out.append(f"- {noun.capitalize()}, {kind.upper()}: {min(values):.2f}x to {max(values):.2f}x better "
-                       f"than vanilla on demand across {len(values)} cluster shapes; the project target is met "
+            span = f"{min(values):.2f}x" if len(values) == 1 else f"{min(values):.2f}x to {max(values):.2f}x"
+            shapes = "1 cluster shape" if len(values) == 1 else f"{len(values)} cluster shapes"
+            out.append(f"- {noun.capitalize()}, {kind.upper()}: {span} better "
+                       f"than vanilla on demand across {shapes}; the project target is met "
                        f"on {met} of {len(values)} (PAPER: {_PAPER[metric]}).")
     return out
 
@@ -174,8 +176,8 @@ def _batching_section(result) -> str:
     b = result.get("batching")
     if not b:
         return ""
-    lines = ["## Batched rollouts, the managed spot job and the calibration (SIMULATED)", "",
-             "Per iteration on the AWS p3 trace, batched (the recipe's `sampling.max_batch`) beside batch 1 (the "
+    lines = ["## Batched rollouts, the managed spot job and the calibration", "",
+             "SIMULATED per iteration on the AWS p3 trace, batched (the recipe's `sampling.max_batch`) beside batch 1 (the "
              "engine before batching: one request at a time, CFG as two forwards); "
              "vanilla on demand, Spotlight with spot training, and the whole job on spot GPUs with checkpoints and "
              "a restart after each preemption (managed spot).", "",

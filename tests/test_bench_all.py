@@ -600,7 +600,7 @@ def test_report_puts_the_verdict_first_and_the_rest_in_the_appendix(tmp_path, mo
     assert "| **" in row and "| 1.50x | 1.4-6.4x | >= 2x |" in row
     paper_row = next(line for line in lines[:40] if line.startswith("| paper: 4 + 8 spot | 512x512 |"))
     assert paper_row.count("| - |") == 2  # not emulated: no EMULATED figure, no verdict of that kind
-    assert "## Verdict" in head and "EMULATED: 3.00x to 3.00x" in head
+    assert "## Verdict" in head and "EMULATED: 3.00x better than vanilla on demand across 1 cluster shape;" in head
     assert "## Headline" not in text and "## Headline" in (tmp_path / APPENDIX).read_text()
 
 
