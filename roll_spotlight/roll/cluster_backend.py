@@ -31,6 +31,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import ray
 
+from roll_spotlight.runtime.coordinator import Coordinator, rollouts_then_scores
 from roll_spotlight.runtime.update_report import UpdateReport, update_report
 from roll_spotlight.timeline import Timeline
 
@@ -40,8 +41,6 @@ POLL_S = 0.02  # how often the driver ticks while it waits for an update
 
 def drive(pipeline):
     """Run the pipeline's iterations with the shared Coordinator; returns its RunResult."""
-    from roll_spotlight.runtime.coordinator import Coordinator
-
     backend = RollClusterBackend(pipeline)
     try:
         return Coordinator(pipeline.run_config, backend, pipeline.run_dir, progress=False).train()
@@ -177,10 +176,7 @@ class RollClusterBackend:
         with self._timeline.phase(phase):
             return self.dispatch.rollouts(list(specs))
 
-    def rollouts_scored(self, specs) -> tuple[list, object]:
-        """Rollouts, then their rewards (no overlap on this backend)."""
-        outputs = self.rollouts(specs)
-        return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+    rollouts_scored = rollouts_then_scores  # no overlap on ROLL's clusters
 
     def place_spot(self, share: float) -> int:
         return self.dispatch.place_spot(share)

@@ -13,6 +13,7 @@ import numpy as np
 from roll_spotlight.dispatch.queue import QueueConfig, RequestQueue
 from roll_spotlight.worker.engine import RolloutEngine, by_shape
 from roll_spotlight.worker.loop import roll_out
+from roll_spotlight.runtime.coordinator import rollouts_then_scores
 from roll_spotlight.runtime.update_report import UpdateReport
 from roll_spotlight.runtime.trainer_core import TrainerCore
 from roll_spotlight.config.run import RunConfig
@@ -63,10 +64,7 @@ class LocalBackend:
     def _roll_out(self, leases):
         return roll_out(self._engine_for(leases[0].request.weight_version), leases)
 
-    def rollouts_scored(self, specs) -> tuple[list, object]:
-        """Rollouts, then their rewards (no overlap on this backend)."""
-        outputs = self.rollouts(specs)
-        return outputs, self.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+    rollouts_scored = rollouts_then_scores  # no overlap in process
 
     def place_spot(self, share: float) -> int:
         """No spot workers in process."""
