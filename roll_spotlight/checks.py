@@ -47,14 +47,14 @@ def require_literals(obj: Any, prefix: str) -> None:
         args = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
         literals = [a for a in args if get_origin(a) is Literal]
         if literals:
-            require_choice(_join(prefix, name), getattr(obj, name), get_args(literals[0]),
+            require_choice(join_key(prefix, name), getattr(obj, name), get_args(literals[0]),
                            optional=type(None) in args)
 
 
 def require_each(obj: Any, prefix: str, names: Iterable[str], check: Callable[..., None], *args, **kwargs) -> None:
     """``check(prefix.name, obj.name, *args, **kwargs)`` for each of ``names``."""
     for name in names:
-        check(_join(prefix, name), getattr(obj, name), *args, **kwargs)
+        check(join_key(prefix, name), getattr(obj, name), *args, **kwargs)
 
 
 _BOUND = re.compile(r"^(>=|>|<=|<)\s*(\S+)$")
@@ -78,5 +78,6 @@ def _rule(what: str, bound: str, optional: bool, why: str) -> str:
     return f"must be {'null or ' if optional else ''}{what} {where}{f' {why}' if why else ''}"
 
 
-def _join(prefix: str, name: str) -> str:
+def join_key(prefix: str, name: str) -> str:
+    """The dotted key of ``name`` under ``prefix`` (``name`` alone at the top level)."""
     return f"{prefix}.{name}" if prefix else name

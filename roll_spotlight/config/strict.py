@@ -7,7 +7,7 @@ each component's ``__post_init__`` checks impossible values with `roll_spotlight
 error has one shape: the dotted key, the rule and the value given; `from_dict` adds the file when
 known.
 
-Only the standard library is imported here; OmegaConf is
+Only the standard library and `roll_spotlight.checks` (a leaf) are imported here; OmegaConf is
 imported when a file is loaded.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from roll_spotlight.checks import join_key
 
 T = TypeVar("T")
 
@@ -33,11 +35,11 @@ def from_dict(cls: type[T], data: Any, *, key: str = "", source: str | None = No
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        bad = _join(key, str(unknown[0]))
+        bad = join_key(key, str(unknown[0]))
         raise ConfigError(f"unknown key '{bad}'{where}; known keys here: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     kwargs = {
-        name: _convert(hints[name], value, _join(key, name), source)
+        name: _convert(hints[name], value, join_key(key, name), source)
         for name, value in data.items()
     }
     try:
@@ -86,10 +88,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
 
 
 def _convert(tp: Any, value: Any, key: str, source: str | None) -> Any:
