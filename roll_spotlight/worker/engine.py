@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from roll_spotlight.checks import require_int
 from roll_spotlight.dispatch.requests import InFlightState, Lease, Request, check_one_shape
 from roll_spotlight.flow_grpo import RolloutHistory, RolloutSlots, RolloutState, SdeWindow, Trajectory, denoise, \
     noise_plan, sigma_schedule
@@ -66,8 +67,7 @@ class RolloutEngine:
     bits); prompts are encoded one at a time and cached per weight version."""
 
     def __init__(self, policy, *, max_batch: int = 1, commit_every: int = 0):
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"sampling.max_batch must be an integer >= 1, got {max_batch!r}")
+        require_int("sampling.max_batch", max_batch)  # the config's rule, for engines built in Python
         self.policy = policy.eval()
         self.max_batch, self.commit_every = max_batch, commit_every
         self._sigmas: dict[int, torch.Tensor] = {}
