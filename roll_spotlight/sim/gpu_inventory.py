@@ -15,7 +15,7 @@ Where a granted spot node's GPUs sit (what is "the same node" for SP groups and 
 - ``gpus_per_spot_node == 1`` and ``spot_host_gpus == 1``: single-GPU VMs; every SP group of
   degree > 1 crosses the network.
 
-Every GPU carries one phase at a time; the :class:`Timeline` integrates phases into per-GPU
+Every GPU carries one phase at a time; the :class:`GpuPhases` integrates phases into per-GPU
 seconds (and, optionally, keeps the intervals for plotting). Spot lifecycle::
 
     granted --boot/join--> usable --(notice)--> usable, deadline set --reclaim--> gone
@@ -59,7 +59,7 @@ class Interval:
     phase: str
 
 
-class Timeline:
+class GpuPhases:
     """Per-GPU phase bookkeeping: ``set(gpu, phase, now)`` closes the open interval and opens one."""
 
     def __init__(self, record: bool = False) -> None:

@@ -39,7 +39,7 @@ from roll_spotlight.elastic.group_plan import Plan, SPGroup, plan_groups
 from roll_spotlight.exploration.bandit import BanditPlanner, PlannerConfig, Pull, seed_stream
 from roll_spotlight.exploration.select import select_max_variance
 from roll_spotlight.sim.baselines import BaselineSpec, Exploration, Recovery, Training
-from roll_spotlight.sim.gpu_inventory import BUSY_PHASES, Cluster, GpuKind, Member, Phase, Timeline, gpu_name
+from roll_spotlight.sim.gpu_inventory import BUSY_PHASES, Cluster, GpuKind, GpuPhases, Member, Phase, gpu_name
 from roll_spotlight.sim.costmodel import CostModel
 from roll_spotlight.sim.events import PRIORITY_MARKET, EventHandle, EventLoop
 from roll_spotlight.sim.synthetic_rewards import SyntheticRewards
@@ -218,7 +218,7 @@ class ClusterSimulation:
         self.cluster = Cluster(config.ondemand, config.spot if spec.uses_spot else 0,
                                config.gpus_per_ondemand_node, config.gpus_per_spot_node,
                                config.spot_host_gpus)
-        self.timeline = Timeline(record=config.record_timeline)
+        self.timeline = GpuPhases(record=config.record_timeline)
         self.ledger = CostLedger(feed.prices)
         self.rewards = SyntheticRewards(config.seed)
         self.workers: dict[str, SimWorker] = {}
