@@ -103,6 +103,8 @@ def check_startup(cfg, placement: WorkerPlacement | None = None, *, key: Callabl
         if not placement.on_ray(cfg):
             raise ValueError(f"--sp-degree {placement.sp_degree}: SP rollout groups need Ray workers (add --ray)")
         check_sp_degree(cfg.model, placement.sp_degree, key="--sp-degree")
+        if placement.workers % placement.sp_degree:
+            raise ValueError(f"--sp-degree={placement.sp_degree} must divide --workers={placement.workers}")
         if cfg.spot.enabled:
             check_spot_placement(cfg.spot.gpus_per_node, placement.sp_degree, cfg.spot.max_workers,
                                  degree_key="--sp-degree")
@@ -303,10 +305,11 @@ def start_run(cfg, run_dir: Path, *, placement: WorkerPlacement | None = None, p
 
 def ray_cluster_config(placement: WorkerPlacement):
     """How the run uses Ray (`config.ray_cluster.RayClusterConfig`): its workers and SP degree."""
-    from roll_spotlight.runtime.ray_backend import RayClusterConfig
+    from roll_spotlight.config.elastic import ElasticConfig
+    from roll_spotlight.config.ray_cluster import SP_TIMEOUT_S, RayClusterConfig
 
-    return RayClusterConfig(address=placement.address, ondemand_workers=placement.workers,
-                            sp_degree=placement.sp_degree, sp_min_degree=placement.sp_min_degree)
+    sp = ElasticConfig(placement.sp_degree, placement.sp_min_degree or 1, group_timeout_s=SP_TIMEOUT_S)
+    return RayClusterConfig(address=placement.address, ondemand_workers=placement.workers, elastic=sp)
 
 
 def emulated_run(cfg, placement: WorkerPlacement):

@@ -34,7 +34,7 @@ def test_bad_config_fails_at_start_naming_the_key(tmp_path, capsys, override, ke
 @pytest.mark.parametrize("flags, message", [
     (["--sp-degree", "3", "--ray"], "--sp-degree=3 must divide model.num_attention_heads=4"),
     (["--sp-degree", "2"], "--sp-degree 2: SP rollout groups need Ray workers"),
-    (["--sp-degree", "2", "--ray", "--workers", "3"], "runtime.sp_degree must divide runtime.ondemand_workers=3"),
+    (["--sp-degree", "2", "--ray", "--workers", "3"], "--sp-degree=2 must divide --workers=3"),
 ])
 def test_a_bad_sp_degree_fails_before_anything_is_built(tmp_path, capsys, monkeypatch, flags, message):
     import roll_spotlight.startup as loop

@@ -209,7 +209,7 @@ def test_a_qwen_image_class_policy_from_a_directory_rolls_out_in_an_sp_group(tmp
 
 def test_a_degree_that_does_not_split_the_model_is_refused_at_start_up_naming_the_key(cfg):
     check_sp_degree(cfg.model, 4)
-    with pytest.raises(ValueError, match=r"runtime\.sp_degree=3 must divide model\.num_attention_heads=4"):
+    with pytest.raises(ValueError, match=r"elastic\.sp_degree=3 must divide model\.num_attention_heads=4"):
         check_sp_degree(cfg.model, 3)
     with pytest.raises(ValueError, match=r"SPMembership.rank must be in \[0, size=2\), got 2"):
         SPMembership(RendezvousHost("127.0.0.1").address, "x", 2, 2)
@@ -232,10 +232,11 @@ def ray_cluster(cfg, tmp_path_factory):
 
 @pytest.mark.ray
 def test_ray_backend_sp_groups_serve_the_queue_as_one_worker_each(cfg, ray_cluster, tmp_path):
+    from roll_spotlight.config.elastic import ElasticConfig
     from roll_spotlight.runtime.ray_backend import RayBackend, RayClusterConfig
 
     ray, path = ray_cluster
-    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=4, sp_degree=2))
+    backend = RayBackend(cfg, path, RayClusterConfig(ondemand_workers=4, elastic=ElasticConfig(sp_degree=2)))
     try:
         specs = [_spec(seed=777 + i) for i in range(4)]
         outputs = backend.rollouts(specs)

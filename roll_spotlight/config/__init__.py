@@ -1,6 +1,7 @@
 """The run configuration: one typed dataclass per section, and the strict YAML loader that fills them.
 
 `run` holds the sections of a run (`RunConfig` and its parts); `ray_cluster` how a host uses Ray;
+`elastic` the rollout SP groups of either host;
 `strict` maps YAML onto dataclasses, rejecting unknown keys and wrong types with errors that name
 the key and the file (the value checks every config class runs are the leaf `roll_spotlight.checks`).
 None of them imports torch, so configs are validated before anything heavy starts. The `run` names

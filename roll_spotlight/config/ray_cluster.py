@@ -2,9 +2,12 @@
 the tests, and the trace harnesses of benchmarks/)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roll_spotlight.checks import require, require_each, require_int, require_number
+from roll_spotlight.config.elastic import ElasticConfig
+
+SP_TIMEOUT_S = 60.0  # an SP member's silence that fails its group here, where models load in seconds
 
 
 @dataclass
@@ -14,11 +17,8 @@ class RayClusterConfig:
     `trainer_threads`: the trainer's torch threads; None: every CPU of the cluster config unless
     stale exploration runs beside training (then `threads_per_actor`). Without it the rollout
     workers idle while the trainer steps, so one thread would leave the other cores unused.
-    `spot_pool_slots`: extra spot_gpu units for the elastic spot pool's workers. `sp_degree`:
-    rollout workers per SP group (worker.sp_group; 1: one image per worker); `sp_min_degree`: the
-    smallest group the spot workers' survivors re-form (None: any valid degree; `sp_degree`: a
-    fixed degree, survivors wait for a newcomer); `sp_timeout_s`: how long an SP group's
-    collectives wait for a silent member.
+    `spot_pool_slots`: extra spot_gpu units for the elastic spot pool's workers. `elastic`: the
+    rollout SP groups (one image per worker at ``sp_degree`` 1), with `SP_TIMEOUT_S`.
     """
 
     address: str | None = None
@@ -29,21 +29,18 @@ class RayClusterConfig:
     trainer_threads: int | None = None
     poll_s: float = 0.01
     spot_pool_slots: int = 0
-    sp_degree: int = 1
-    sp_min_degree: int | None = None
-    sp_timeout_s: float = 60.0
+    elastic: ElasticConfig = field(default_factory=lambda: ElasticConfig(group_timeout_s=SP_TIMEOUT_S))
 
     def __post_init__(self) -> None:
         require(self.ondemand_workers + self.spot_workers >= 1, "runtime.ondemand_workers + runtime.spot_workers",
                 self.ondemand_workers + self.spot_workers, "must be >= 1")
-        require_int("runtime.sp_degree", self.sp_degree)
-        require(not (self.ondemand_workers % self.sp_degree or self.spot_workers % self.sp_degree),
-                "runtime.sp_degree", self.sp_degree, f"must divide runtime.ondemand_workers={self.ondemand_workers} "
+        degree = self.elastic.sp_degree
+        require(not (self.ondemand_workers % degree or self.spot_workers % degree),
+                "elastic.sp_degree", degree, f"must divide runtime.ondemand_workers={self.ondemand_workers} "
                 f"and runtime.spot_workers={self.spot_workers}")
         require_each(self, "runtime", ("num_cpus", "threads_per_actor"), require_int)
         require_int("runtime.trainer_threads", self.trainer_threads, optional=True)
-        require_int("runtime.sp_min_degree", self.sp_min_degree, optional=True)
-        require_each(self, "runtime", ("poll_s", "sp_timeout_s"), require_number)
+        require_number("runtime.poll_s", self.poll_s)
 
     def trainer_threads_for(self, exploration_mode: str) -> int:
         if self.trainer_threads is not None:

@@ -130,12 +130,12 @@ class RayBackend:
         if cfg.spot.enabled:  # room for a replacement to start while its predecessor is being killed
             slots = 2 * cfg.spot.max_workers * cfg.spot.gpus_per_node  # one worker per spot GPU
             self.cluster = dataclasses.replace(self.cluster, spot_pool_slots=slots)
-        if self.cluster.sp_degree > 1:
+        if self.cluster.elastic.sp_degree > 1:
             from roll_spotlight.worker.sp_group import check_sp_degree, check_spot_placement
 
-            check_sp_degree(cfg.model, self.cluster.sp_degree)
+            check_sp_degree(cfg.model, self.cluster.elastic.sp_degree)
             if cfg.spot.enabled:
-                check_spot_placement(cfg.spot.gpus_per_node, self.cluster.sp_degree, cfg.spot.max_workers)
+                check_spot_placement(cfg.spot.gpus_per_node, self.cluster.elastic.sp_degree, cfg.spot.max_workers)
         self._owns_ray = not ray.is_initialized()  # then close() disconnects: whoever joins Ray leaves it
         init_ray(self.cluster)
         if cfg.spot.enabled and cfg.spot.source == "market" and ray.cluster_resources().get(SPOT, 0.0) < 1:
@@ -184,8 +184,9 @@ class RayBackend:
         if self.emulation is not None:  # spot workers on spot nodes; the run's GPU-seconds are modelled ones
             source = self.emulation.as_role("spot", cfg.spot.gpus_per_node)
             shape, bill_scale = self.emulation.sp_shape(), self.emulation.time_scale
-        elastic = spot_elastic(cfg.model, self.cluster.sp_degree, self.cluster.sp_timeout_s, source, shape=shape,
-                               min_degree=self.cluster.sp_min_degree or 1)
+        sp = self.cluster.elastic
+        elastic = spot_elastic(cfg.model, sp.sp_degree, sp.group_timeout_s, source, shape=shape,
+                               min_degree=sp.min_sp_degree)
         return start_training_pool(cfg.spot, source, self.queue, self.store, threads=self.cluster.threads_per_actor,
                                    ondemand_gpus=self._ondemand_gpus(), market=market, clock=clock,
                                    worker_kwargs=worker_kwargs, elastic=elastic, inbox=self._spot_inbox,
@@ -200,7 +201,7 @@ class RayBackend:
         """``count`` workers named ``prefix-i``; with ``sp_degree`` > 1, in SP groups of that many,
         each group on one node (a STRICT_PACK placement group) and known to the queue by the
         name of its first member."""
-        degree = self.cluster.sp_degree
+        degree = self.cluster.elastic.sp_degree
         if degree == 1:
             for i in range(count):
                 self.add_worker(f"{prefix}-{i}", resource)
@@ -217,7 +218,7 @@ class RayBackend:
             ray.get(pg.ready())
             self._placement_groups.append(pg)
             leader = f"{prefix}-{first}"
-            members = group_memberships(self._rendezvous_address(), leader, degree, self.cluster.sp_timeout_s)
+            members = group_memberships(self._rendezvous_address(), leader, degree, self.cluster.elastic.group_timeout_s)
             for rank, membership in enumerate(members):
                 strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank)
                 self.add_worker(f"{prefix}-{first + rank}", resource, sp=membership, group_name=leader,

@@ -66,7 +66,7 @@ def sp_shape(model_cfg, required: bool = True) -> tuple[int, int] | None:
     return heads, (model_cfg.image_size // 16) ** 2
 
 
-def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> None:
+def check_sp_degree(model_cfg, degree: int, key: str = "elastic.sp_degree") -> None:
     """Fail at start-up, naming ``key``, when Ulysses could not split the model ``degree`` ways:
     the degree must divide the head count and the image-token count (`sp_shape`; a real model
     whose directory is not there yet is checked when its groups form)."""
@@ -83,7 +83,7 @@ def check_sp_degree(model_cfg, degree: int, key: str = "runtime.sp_degree") -> N
                          f"(model.image_size={model_cfg.image_size})")
 
 
-def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int, degree_key: str = "runtime.sp_degree",
+def check_spot_placement(gpus_per_node: int, degree: int, max_nodes: int, degree_key: str = "elastic.sp_degree",
                          gpus_key: str = "spot.gpus_per_node", nodes_key: str = "spot.max_workers") -> None:
     """Fail at start-up, naming the keys, when SP groups of ``degree`` cannot tile spot nodes of
     ``gpus_per_node`` GPUs: a group fills whole nodes or a node holds whole groups, and the pool's
