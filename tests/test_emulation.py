@@ -160,7 +160,7 @@ def test_an_emulated_run_follows_a_spot_raylet_through_notice_and_kill(prompts, 
     from roll_spotlight.startup import WorkerPlacement, start_run
 
     trace = tmp_path / "aws-trace.csv"
-    trace.write_text("0,add,a\n20000,remove,a\n600000,add,b\n")  # Bamboo's format: ms, event, node
+    trace.write_text("0,add,a\n20000,remove,a\n36000000,add,b\n")  # Bamboo's format: ms, event, node
     cfg = recipe(prompts, "rollout_batch_size=4", "train.group_size=4", "max_steps=4", "eval_steps=0",
                  "exploration.mode=off", "spot.training_phase=train", f"spot.trace={trace}", "spot.max_workers=1",
                  "spot.gpus_per_node=2", "spot.notice_s=2.0", "dispatch.pull_batch=2", "train.colocated=true",

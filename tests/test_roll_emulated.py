@@ -31,7 +31,7 @@ def test_an_emulated_roll_run_follows_a_spot_raylet_through_notice_and_kill(tmp_
     its workers sit on the head, the spot worker trains micro-batches and explores until the kill,
     and nothing is lost, repeated or mismatched."""
     trace = tmp_path / "aws-trace.csv"
-    trace.write_text("0,add,a\n24000,remove,a\n600000,add,b\n")  # Bamboo's format: ms, event, node
+    trace.write_text("0,add,a\n24000,remove,a\n36000000,add,b\n")  # Bamboo's format: ms, event, node
     out = _launch(tmp_path, "--emulate", "h100", "--time-scale", "4", "max_steps=8", "eval_steps=4",
                   "spot.enabled=true", "+spot.max_workers=1", f"+spot.trace={trace}", "+spot.notice_s=2.0",
                   "+spot.training_phase=train", "+train.use_lora=true", "++task.val_prompts=16")
