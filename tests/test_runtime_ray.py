@@ -43,7 +43,9 @@ def test_ray_backend_matches_local(tmp_path, ray_cluster):
     assert np.array_equal(result.final.rewards, local.final.rewards)
     rows = read_metrics(tmp_path / "ray")
     assert [r["reward_mean"] for r in rows[1:]] == [r["reward_mean"] for r in read_metrics(tmp_path / "local")[1:]]
-    assert sum(s["completed"] for s in stats) == cfg.max_steps * cfg.rollout_batch_size * cfg.train.group_size
+    validations = 1 + cfg.max_steps // cfg.eval_steps  # the base's, then every eval_steps: on the workers too
+    assert sum(s["completed"] for s in stats) == (cfg.max_steps * cfg.rollout_batch_size * cfg.train.group_size
+                                                  + validations * cfg.task.val_prompts)
     assert all(s["weight_fetches"] >= 1 for s in stats if s["completed"])
     phases = {e["phase"] for e in result_timeline(tmp_path)}
     assert {"rollout", "reward", "train", "validate"} <= phases

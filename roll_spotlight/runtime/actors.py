@@ -61,6 +61,9 @@ class TrainerActor:
         with self.phases.phase("validate"):
             return self.core.evaluate()
 
+    def score_validation(self, images):
+        return self.core.score_validation(images)
+
     def weight_version(self) -> int:
         return self.core.weight_version
 

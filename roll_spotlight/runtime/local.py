@@ -113,8 +113,16 @@ class LocalBackend:
         self.stale_version = self.core.weight_version
 
     def evaluate(self):
-        with self._timeline.phase("validate"):
-            return self.core.evaluate()
+        """Validation through the rollout engine, as the Ray workers do (`RayBackend.evaluate`);
+        with a weight average (`train.ema_decay`) the trainer validates it."""
+        from roll_spotlight.training.evaluate import validation_specs
+
+        if self.core.ema is not None:
+            with self._timeline.phase("validate"):
+                return self.core.evaluate()
+        specs = validation_specs(self.core.val, self.core.cfg.sampling, self.core.weight_version)
+        images = np.stack([o.image for o in self.rollouts(specs, phase="validate")])
+        return self.core.score_validation(images)
 
     def save_checkpoint(self, path: Path) -> None:
         self.core.save(path)

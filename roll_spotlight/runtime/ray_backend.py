@@ -2,7 +2,7 @@
 
     driver (coordinator) --submit--> QueueActor <--pull/complete/commit-- RolloutWorker x N
           |                                                                   |  fetch version v
-          +--train/evaluate--> TrainerActor --publish v+1--> WeightStore <----+
+          +--train/score-----> TrainerActor --publish v+1--> WeightStore <----+
           +--score---------->  RewardActor
 
 Nothing is pushed to workers: they pull. The trainer publishes every version to the weight store,
@@ -146,6 +146,11 @@ class RayBackend:
         data, gpus = to_dict(cfg), worker_gpus(path)
         self._path = path
         self.emulation = path if isinstance(path, Emulation) else None
+        self._validation = None  # (pairs, sampling) when the workers validate (`evaluate`)
+        if self.emulation is None and cfg.train.ema_decay == 0:
+            from roll_spotlight.training.prompt_pools import validation_set
+
+            self._validation = (validation_set(cfg.task), cfg.sampling)
         self.store = WeightStore.create(keep=2)
         self.trainer = TrainerActor.options(resources={ONDEMAND: 1}, num_gpus=gpus).remote(
             data, path, self.store, self.cluster.trainer_threads_for(cfg.exploration.mode))
@@ -329,7 +334,17 @@ class RayBackend:
         return self.finish_train(self.start_train(outputs, prompts, group_ids, rewards, baselines))
 
     def evaluate(self):
-        return ray.get(self.trainer.evaluate.remote())
+        """Validation. Its pairs go through the queue as ODE rollouts of the published weights, so
+        every rollout worker denoises them, spot ones too (a notice commits them like any other
+        rollout), and the trainer scores the images; with a weight average (`train.ema_decay`) or
+        on emulated GPUs the trainer validates alone."""
+        if self._validation is None:
+            return ray.get(self.trainer.evaluate.remote())
+        from roll_spotlight.training.evaluate import validation_specs
+
+        with self._phases.phase("validate"):
+            images = np.stack([o.image for o in self.rollouts(validation_specs(*self._validation, self.weight_version))])
+            return ray.get(self.trainer.score_validation.remote(images))
 
     def save_checkpoint(self, path: Path) -> None:
         ray.get(self.trainer.save.remote(str(path)))

@@ -17,7 +17,7 @@ from roll_spotlight.flow_grpo import sigma_schedule
 from roll_spotlight.worker.engine import stack_outputs
 from roll_spotlight.config.run import RunConfig
 from roll_spotlight.training.averaging import WeightAverage
-from roll_spotlight.training.evaluate import Evaluation, evaluate
+from roll_spotlight.training.evaluate import Evaluation, evaluate, score_validation
 from roll_spotlight.training.grpo import FlowGRPOTrainer, ScoredBatch, UpdateResult
 
 if TYPE_CHECKING:
@@ -79,6 +79,10 @@ class TrainerCore:
             return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn, self.artefact_fn)
         with self.ema.swapped_into(self.policy):
             return evaluate(self.policy, self.val, self.reward_fn, self.cfg.sampling, self.strict_fn, self.artefact_fn)
+
+    def score_validation(self, images: np.ndarray) -> Evaluation:
+        """The validation pairs' images, generated elsewhere (the rollout workers), scored here."""
+        return score_validation(images, self.val, self.reward_fn, self.strict_fn, self.artefact_fn)
 
     def state_dict(self) -> dict:
         """With LoRA the policy's part is its adapters only (the frozen base is `model.path`'s)."""

@@ -51,19 +51,35 @@ class Evaluation:
 
 
 def evaluate(policy, val: ValidationSet, reward_fn, sampling_cfg, strict_fn=None, artefact_fn=None) -> Evaluation:
-    """Generate every validation pair with the ODE sampler and score it.
-
-    `strict_fn` (the task's detector as a reward) supplies strict accuracy when the training reward
-    is something else: a reward that rises while strict accuracy falls is being gamed.
-    `artefact_fn(uint8 images) -> (level, grid)` measures what the reward cannot see
-    (`tasks.shapes.artefacts.background_artefacts` on the shapes task).
-    """
+    """Generate every validation pair with the ODE sampler and score it (`score_validation`)."""
     was_training = policy.training
     policy.eval()
     try:
         images = generate_in_chunks(policy, list(val.texts), list(val.seeds), eval_spec(sampling_cfg))
     finally:
         policy.train(was_training)
+    return score_validation(images, val, reward_fn, strict_fn, artefact_fn)
+
+
+def validation_specs(val: ValidationSet, sampling_cfg, weight_version: int) -> list:
+    """The validation pairs as ODE rollout requests of ``weight_version`` (an empty SDE window, as
+    `eval_spec`), so that a backend's rollout engine and workers generate them like any rollout."""
+    from roll_spotlight.dispatch.requests import RequestKind, RequestSpec, Schedule
+
+    schedule = Schedule(sampling_cfg.eval_num_steps, sampling_cfg.noise_level, "sde", 0, 0)
+    return [RequestSpec(prompt_id=i, prompt=text, seed=seed, schedule=schedule, weight_version=weight_version,
+                        kind=RequestKind.ROLLOUT, iteration=weight_version)
+            for i, (text, seed) in enumerate(zip(val.texts, val.seeds))]
+
+
+def score_validation(images: np.ndarray, val: ValidationSet, reward_fn, strict_fn=None, artefact_fn=None) -> Evaluation:
+    """Score the validation pairs' images (uint8, in pair order), wherever they were generated.
+
+    `strict_fn` (the task's detector as a reward) supplies strict accuracy when the training reward
+    is something else: a reward that rises while strict accuracy falls is being gamed.
+    `artefact_fn(uint8 images) -> (level, grid)` measures what the reward cannot see
+    (`tasks.shapes.artefacts.background_artefacts` on the shapes task).
+    """
     out = reward_fn(images, list(val.texts))
     strict_out = strict_fn(images, list(val.texts)) if strict_fn is not None else out
     strict = strict_out.info.get("strict")
