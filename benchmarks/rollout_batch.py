@@ -99,14 +99,14 @@ def curve(policy, work: list, batches: list[int], repeats: int) -> dict:
 
 
 def run_cost(run_dir: Path, steps: int) -> dict:
-    """Rollout CPU time per sample in a run's workers (its timeline's rollout and explore phases)."""
-    phases = [e for e in json.loads((Path(run_dir) / "timeline.json").read_text())
-              if e.get("phase") in ("rollout", "explore") and "cpu_s" in e]
-    cpu, row_steps = sum(e["cpu_s"] for e in phases), sum(e["row_steps"] for e in phases)
-    if not row_steps:
+    """Rollout CPU time per sample in a run's workers (`run_report.rollout_cpu` of its timeline)."""
+    from roll_spotlight.run_report import rollout_cpu
+
+    cost = rollout_cpu(json.loads((Path(run_dir) / "timeline.json").read_text()))
+    if cost is None:
         raise SystemExit(f"{run_dir}: no rollout phase with cpu_s in timeline.json")
-    return {"run": str(run_dir), "row_steps": row_steps, "cpu_s": round(cpu, 1),
-            "cpu_ms_per_sample": round(1e3 * cpu / row_steps * steps, 2)}
+    return {"run": str(run_dir), "row_steps": cost[1], "cpu_s": round(cost[0], 1),
+            "cpu_ms_per_sample": round(1e3 * cost[0] / cost[1] * steps, 2)}
 
 
 def compare_runs(run_dirs: list[str], steps: int) -> dict:

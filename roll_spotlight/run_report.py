@@ -112,6 +112,25 @@ def busy_fractions(events: list[dict]) -> dict[str, float]:
     return {w: b / span for w, b in busy.items()} if span > 0 else {}
 
 
+def rollout_cpu(events: list[dict]) -> tuple[float, int] | None:
+    """(CPU seconds, denoising steps of one sample) of the workers' rollout and explore batches:
+    each worker process's CPU time while it denoised them, decode included (`worker.loop`)."""
+    phases = [e for e in events if e["phase"] in ("rollout", "explore") and "cpu_s" in e]
+    steps = sum(e["row_steps"] for e in phases)
+    return (sum(e["cpu_s"] for e in phases), steps) if steps else None
+
+
+def _cpu_lines(events: list[dict], config: dict) -> list[str]:
+    cost = rollout_cpu(events)
+    if cost is None:
+        return []
+    sampling = config.get("sampling", {})
+    steps, batch = sampling.get("num_steps", 10), sampling.get("max_batch", 1)
+    return [f"Rollout CPU: {1e3 * cost[0] / cost[1] * steps:.1f} ms per sample of {steps} steps at "
+            f"`sampling.max_batch` {batch} ({cost[0]:.0f} CPU seconds over {cost[1] / steps:.0f} samples' steps, "
+            "validation included; each worker process's CPU time while it denoised, decode included).", ""]
+
+
 def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
@@ -123,6 +142,7 @@ def write_report(run_dir: Path) -> Path:
     if emulation.is_file():
         lines = lines[:2] + _emulation_lines(json.loads(emulation.read_text()), rows)
     summary_path = run_dir / "summary.json"
+    summary = {}
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         lines += _summary_lines(summary) + _variation_lines(summary.get("config", {}))
@@ -135,8 +155,9 @@ def write_report(run_dir: Path) -> Path:
         plot_timeline(events, run_dir / "timeline.png")
         lines += ["## Timeline", "", "| worker | busy fraction |", "|---|---|"]
         lines += [f"| {w} | {f:.2f} |" for w, f in sorted(busy_fractions(events).items())]
+        lines += [""] + _cpu_lines(events, summary.get("config", {}))
         marks = {m: sum(e["phase"] == m for e in events) for m in MARKS}
-        lines += ["", "Marks: " + ", ".join(f"{n} {m}" for m, n in marks.items()) + ".", ""]
+        lines += ["Marks: " + ", ".join(f"{n} {m}" for m, n in marks.items()) + ".", ""]
         lines += ["![timeline](timeline.png)", ""]
     out = run_dir / "report.md"
     out.write_text("\n".join(lines))
