@@ -21,7 +21,12 @@ $(VENV)/.installed-%: $(VENV)/.torch setup.py roll_spotlight/plugins.py  # plugi
 	$(PIP) install -q -e ".[$*]"
 	touch $@
 
-quickstart: $(VENV)/.installed-ocr
+# the quickstart needs no extra (the OCR one alone is about 180 MB: opencv, onnxruntime)
+$(VENV)/.installed: $(VENV)/.torch setup.py roll_spotlight/plugins.py
+	$(PIP) install -q -e .
+	touch $@
+
+quickstart: $(VENV)/.installed
 	$(VENV)/bin/spotlight quickstart
 
 test: $(VENV)/.installed-dev,ocr
