@@ -327,7 +327,9 @@ def test_training_with_a_preempted_spot_worker_equals_training_without_spot(tmp_
     assert mismatched == 0
     spot = rows[-1]
     assert spot["spot/notices"] == 1 and spot["spot/preemptions"] == 1, "n0 was parked until its notice"
-    assert sum(o.resumed_from > 0 for o in outputs) >= 1 and spot["spot/outputs_resumed"] >= 1
+    # n0 parks in its first batch, the base's validation (on the workers): the row another worker
+    # resumes is a validation pair, which the base's rewards above compare bit for bit
+    assert spot["spot/outputs_resumed"] >= 1
     assert (spot["spot/requests_failed"], spot["spot/duplicate_completions"], spot["spot/late_completions_rejected"]) \
         == (0, 0, 0)
     assert spot["cost/gpu_s/spot/synthetic"] > 0 and spot["cost/usd"] < spot["cost/all_ondemand_usd"]

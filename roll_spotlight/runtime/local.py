@@ -121,7 +121,9 @@ class LocalBackend:
             with self._timeline.phase("validate"):
                 return self.core.evaluate()
         specs = validation_specs(self.core.val, self.core.cfg.sampling, self.core.weight_version)
-        images = np.stack([o.image for o in self.rollouts(specs, phase="validate")])
+        with self._timeline.phase("validate"):
+            self.engine.invalidate()
+            images = np.stack([o.image for o in drain_local(self.queue, specs, self._roll_out, self.engine.max_batch)])
         return self.core.score_validation(images)
 
     def save_checkpoint(self, path: Path) -> None:

@@ -343,7 +343,8 @@ class RayBackend:
         from roll_spotlight.training.evaluate import validation_specs
 
         with self._phases.phase("validate"):
-            images = np.stack([o.image for o in self.rollouts(validation_specs(*self._validation, self.weight_version))])
+            specs = validation_specs(*self._validation, self.weight_version)
+            images = np.stack([c.output.image for c in self._collect(specs)])
             return ray.get(self.trainer.score_validation.remote(images))
 
     def save_checkpoint(self, path: Path) -> None:
