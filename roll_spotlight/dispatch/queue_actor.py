@@ -94,9 +94,9 @@ class QueueServer:
     def pull_batch(self, worker: str, n: int | None = None, **options) -> list[Lease]:
         """``pull`` of up to ``n`` requests, ``QueueConfig.pull_batch`` (``dispatch.pull_batch``)
         when ``n`` is None. The count is resolved here, so the journal records it explicitly.
-        ``n`` counts a batching worker's rollout slots; TRAIN micro-batches come at most
-        ``dispatch.pull_batch`` a pull (`_train_batch`)."""
-        return self.pull(worker, self._batch(n), max_train=self._train_batch(), **options)
+        ``n`` counts a batching worker's rollout slots; one gradient sum's TRAIN micro-batches are at
+        most ``dispatch.pull_batch`` (the simulator's lease per GPU; an SP group tops up with ``pull``)."""
+        return self.pull(worker, self._batch(n), max_train=self._queue.config.pull_batch, **options)
 
     def complete_many(self, results: Iterable[RequestResult]) -> list[bool]:
         """Several ``complete`` in one call (one journal record); one verdict per result."""
@@ -111,17 +111,11 @@ class QueueServer:
         results, refused = list(results), self._refusals()
         return self._call("complete_and_pull",
                           record=lambda out: bool(results) or bool(out[1]) or self._refusals() > refused,
-                          worker=worker, results=results, n=self._batch(n), now=now, max_train=self._train_batch(),
-                          **lease_options(**options))
+                          worker=worker, results=results, n=self._batch(n), now=now,
+                          max_train=self._queue.config.pull_batch, **lease_options(**options))
 
     def _batch(self, n: int | None) -> int:
         return self._queue.config.pull_batch if n is None else n
-
-    def _train_batch(self) -> int:
-        """TRAIN micro-batches a batch pull leases at most: ``dispatch.pull_batch``, one gradient
-        sum's (the simulator's ``train_lease_micro_batches`` per GPU), whatever rollout slots the
-        worker asks to fill; an SP group tops its sum up with plain ``pull`` per rank."""
-        return self._queue.config.pull_batch
 
     def _refusals(self) -> int:
         """Pulls refused by a notice so far (a refused pull moves that counter, so it is journalled)."""

@@ -179,10 +179,8 @@ class RayBackend:
             self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
 
     def _wait_started(self, timeout_s: float = 300.0) -> None:
-        """Return once every worker and reward actor is up (its process started, its policy
-        loaded), as the spot pool waits for its initial fleet: the first iteration then starts on
-        a loaded cluster, as the simulator's does, instead of paying the processes' start on its
-        clock (on emulated GPUs, that start times the time-scale, and the trace's clock with it)."""
+        """Return once every worker and reward actor is up, as the spot pool waits for its fleet:
+        iteration 1 starts on a loaded cluster, as the simulator's (not times the time-scale)."""
         refs = [w.weight_version.remote() for w in self.workers.values()] + [r.stats.remote() for r in self.rewards]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if len(ready) < len(refs):
