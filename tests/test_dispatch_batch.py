@@ -202,6 +202,25 @@ def test_server_pull_batch_uses_the_configured_size_and_plain_pull_is_unchanged(
     assert accepted == [True] * 6 and len(leases) == 2  # only 2 were left
 
 
+def test_a_batching_workers_pull_leases_one_gradient_sums_micro_batches():
+    """A worker that pulls for 16 rollout slots takes 16 rollouts but only ``pull_batch`` TRAIN
+    micro-batches (the simulator's lease per GPU): 256 micro-batches over 14 workers then end in
+    ceil(64 / 14) lease rounds, not two rounds of 16. An SP group's plain top-up pull is not capped."""
+    from roll_spotlight.dispatch.requests import plan_micro_batches
+
+    server = _server(config=QueueConfig(pull_batch=4))
+    plan = plan_micro_batches(list(range(512)), [0, 1], 4)
+    server.submit([RequestSpec.train(mb, SCHEDULE, 0, 1) for mb in plan] + specs(16))
+    rollouts = server.pull_batch("a", 16)
+    assert len(rollouts) == 16 and {x.request.kind for x in rollouts} == {RequestKind.ROLLOUT}
+    accepted, train = server.complete_and_pull("a", [x.result(None) for x in rollouts], 16)
+    assert all(accepted) and len(train) == 4 and {x.request.kind for x in train} == {RequestKind.TRAIN}
+    assert len(server.pull_batch("b", 16, kinds=(RequestKind.TRAIN,))) == 4
+    assert len(server.pull("c", 12, kinds=(RequestKind.TRAIN,))) == 12
+    with pytest.raises(ValueError, match="max_train"):
+        server.pull("d", 4, max_train=0)
+
+
 def test_default_pull_batch_is_todays_pull_bit_for_bit():
     """With ``pull_batch`` 1, a worker using the batch API leaves the queue in exactly the state
     the single-request API does."""

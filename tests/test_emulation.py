@@ -103,6 +103,19 @@ def test_the_simulator_and_the_emulated_workers_model_one_workload(prompts):
     assert workload_of(recipe(prompts, "model.max_sequence_length=64")).text_tokens == 64
 
 
+def test_a_gradient_sum_covers_as_many_micro_batches_on_both_sides(prompts):
+    """The emulated workers lease ``dispatch.pull_batch`` TRAIN micro-batches a pull whatever their
+    rollout slots (`dispatch.queue_actor.QueueServer.pull_batch`); the simulator's workers lease
+    ``train_lease_micro_batches`` per GPU: one number, or the two update phases differ."""
+    from benchmarks.emulate import ROWS, EmulateBenchConfig, row_cost_model, run_config
+
+    bench = EmulateBenchConfig()
+    for row in ROWS:
+        cfg = run_config(bench, row, "spotlight_train", prompts, 0.0)
+        assert cfg.sampling.max_batch > cfg.dispatch.pull_batch  # batching workers: slots are not the lease
+        assert cfg.dispatch.pull_batch == row_cost_model(bench, row).train_lease_micro_batches
+
+
 def test_the_bench_window_starts_with_a_full_fleet_and_holds_a_notice_then_a_preemption():
     from roll_spotlight.spot.market import EventKind, MarketConfig, SpotMarket
     from roll_spotlight.spot.traces import load_trace, traces_root

@@ -120,3 +120,28 @@ def test_trainer_threads_take_the_cluster_cpus_unless_stale_exploration_overlaps
     assert RayClusterConfig(trainer_threads=3).trainer_threads_for("stale") == 3
     with pytest.raises(ValueError, match="trainer_threads"):
         RayClusterConfig(trainer_threads=0)
+
+
+def test_the_backend_starts_the_run_only_once_its_workers_and_reward_actors_are_up(monkeypatch, caplog):
+    """As the spot pool waits for its initial fleet: iteration 1 starts on a loaded cluster (the
+    simulator's time 0), not while the workers' processes still start (times the time-scale on
+    emulated GPUs, with the spot trace's clock already running)."""
+    import roll_spotlight.runtime.ray_backend as rb
+
+    class Handle:
+        def __init__(self, name):
+            self.weight_version = self.stats = type("M", (), {"remote": staticmethod(lambda: name)})
+
+    waited = []
+
+    def wait(refs, num_returns, timeout):
+        waited.append((sorted(refs), num_returns, timeout))
+        return refs[:-1], refs[-1:]
+
+    monkeypatch.setattr(rb.ray, "wait", wait)
+    backend = object.__new__(RayBackend)
+    backend.workers = {"ondemand-0": Handle("w0"), "ondemand-1": Handle("w1")}
+    backend.rewards = [Handle("r0")]
+    backend._wait_started(timeout_s=7.0)
+    assert waited == [(["r0", "w0", "w1"], 3, 7.0)]
+    assert "1 of 3 workers and reward actors were not up after 7 s" in caplog.text

@@ -81,6 +81,17 @@ def test_pool_applies_market_events_in_order_and_only_when_due():
     assert (s.nodes_up, s.notices, s.preemptions, s.preempted_after_notice, s.leases_requeued) == (3, 2, 2, 2, 1)
 
 
+def test_the_pool_owns_the_workers_on_every_gpu_of_its_nodes():
+    """A node of 2 GPUs runs ``spot-z/a`` and ``spot-z/a/g1``: both are spot workers when the
+    update's micro-batches are split by kind (they were counted as on-demand on GPU 1)."""
+    from roll_spotlight.spot_pool.pool import gpu_worker
+
+    pool = ElasticSpotPool(MarketSchedule(fake_market()), FakeLauncher())
+    pool.poll(0.0)
+    assert all(pool.owns(gpu_worker("spot-z/a", gpu)) for gpu in range(4)) and pool.owns("spot-z/b/g1")
+    assert not pool.owns("ondemand-1") and not pool.owns("spot-z/c/g1") and not pool.owns("spot-z/a/gx")
+
+
 def test_no_notice_turns_every_preemption_into_a_plain_kill_and_counts_lost_steps():
     launcher = FakeLauncher(unsaved={"spot-z/a": 2, "spot-z/b": 1}, held={"spot-z/a": 1, "spot-z/b": 1})
     pool = ElasticSpotPool(MarketSchedule(fake_market()), launcher, config=SpotPoolConfig(no_notice=True))

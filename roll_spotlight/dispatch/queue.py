@@ -333,13 +333,15 @@ class RequestQueue:
         max_lease_s: float | None = None,
         est_duration_s: float | None = None,
         kinds: Collection[RequestKind] | None = None,
+        max_train: int | None = None,
     ) -> list[Lease]:
         """Lease up to ``n`` requests to ``worker``, in its kind order (``set_order``); a batch never
-        mixes TRAIN with other kinds. A worker with a pending preemption notice
+        mixes TRAIN with other kinds, and holds at most ``max_train`` TRAIN micro-batches (one
+        gradient sum's, whatever rollout slots ``n`` counts). A worker with a pending preemption notice
         gets nothing unless it declares (``est_duration_s``) that it finishes before the notice
         deadline. ``kinds`` restricts what it accepts (an on-demand worker may refuse EXPLORE).
         When nothing at all is pending, the ``source`` (if any) is asked for new requests first."""
-        _validate_pull(n, max_lease_s, kinds)
+        _validate_pull(n, max_lease_s, kinds, max_train)
         now = self._now(now)
         if self._refused_by_notice(worker, now, est_duration_s):
             self._stats.refused_by_notice += 1
@@ -355,7 +357,8 @@ class RequestQueue:
                 if self.pending_count(kind):
                     break  # a batch is all TRAIN or has none: TRAIN leases end together, as one sum
                 continue
-            while len(leases) < n and (entry := self._pending.pop(kind, self._entries)):
+            most = n if kind is not RequestKind.TRAIN or max_train is None else min(n, max_train)
+            while len(leases) < most and (entry := self._pending.pop(kind, self._entries)):
                 leases.append(self._grant(entry, worker, now, duration))
         return leases
 
@@ -427,15 +430,16 @@ class RequestQueue:
         max_lease_s: float | None = None,
         est_duration_s: float | None = None,
         kinds: Collection[RequestKind] | None = None,
+        max_train: int | None = None,
     ) -> tuple[list[bool], list[Lease]]:
         """A worker's steady state in one call: ``complete_many(results)``, then ``pull`` up to
         ``n`` (same arguments and notice rule as ``pull``). Arguments are checked before anything
         changes, so a call that raises changed nothing."""
-        _validate_pull(n, max_lease_s, kinds)
+        _validate_pull(n, max_lease_s, kinds, max_train)
         now = self._now(now)
         accepted = self.complete_many(results, now)
         leases = self.pull(worker, n, now=now, max_lease_s=max_lease_s,
-                           est_duration_s=est_duration_s, kinds=kinds)
+                           est_duration_s=est_duration_s, kinds=kinds, max_train=max_train)
         return accepted, leases
 
     def complete_all(self, worker: str, results: Iterable[RequestResult], now: float | None = None) -> bool:
@@ -726,8 +730,10 @@ class RequestQueue:
         return entry
 
 
-def _validate_pull(n: int, max_lease_s: float | None, kinds: Collection[RequestKind] | None) -> None:
+def _validate_pull(n: int, max_lease_s: float | None, kinds: Collection[RequestKind] | None,
+                   max_train: int | None = None) -> None:
     require_int("pull: n", n)
+    require_int("pull: max_train", max_train, optional=True)
     require_number("pull: max_lease_s", max_lease_s, optional=True)
     require(kinds is None or all(isinstance(k, RequestKind) for k in kinds), "pull: kinds",
             kinds and sorted(map(str, kinds)), "must be RequestKind members")

@@ -83,17 +83,20 @@ class QueueServer:
         self._tick()
         return self._call("submit", specs=list(specs))
 
-    def pull(self, worker: str, n: int = 1, **options) -> list[Lease]:
+    def pull(self, worker: str, n: int = 1, max_train: int | None = None, **options) -> list[Lease]:
         """``RequestQueue.pull`` on the actor's clock; ``options`` are its lease options."""
         now = self._tick()
         refused = self._refusals()
         return self._call("pull", record=lambda leases: bool(leases) or self._refusals() > refused,
-                          worker=worker, n=n, now=now, **lease_options(**options))  # an empty pull changes nothing
+                          worker=worker, n=n, now=now, max_train=max_train,
+                          **lease_options(**options))  # an empty pull changes nothing
 
     def pull_batch(self, worker: str, n: int | None = None, **options) -> list[Lease]:
         """``pull`` of up to ``n`` requests, ``QueueConfig.pull_batch`` (``dispatch.pull_batch``)
-        when ``n`` is None. The count is resolved here, so the journal records it explicitly."""
-        return self.pull(worker, self._batch(n), **options)
+        when ``n`` is None. The count is resolved here, so the journal records it explicitly.
+        ``n`` counts a batching worker's rollout slots; one gradient sum's TRAIN micro-batches are at
+        most ``dispatch.pull_batch`` (the simulator's lease per GPU; an SP group tops up with ``pull``)."""
+        return self.pull(worker, self._batch(n), max_train=self._queue.config.pull_batch, **options)
 
     def complete_many(self, results: Iterable[RequestResult]) -> list[bool]:
         """Several ``complete`` in one call (one journal record); one verdict per result."""
@@ -108,7 +111,8 @@ class QueueServer:
         results, refused = list(results), self._refusals()
         return self._call("complete_and_pull",
                           record=lambda out: bool(results) or bool(out[1]) or self._refusals() > refused,
-                          worker=worker, results=results, n=self._batch(n), now=now, **lease_options(**options))
+                          worker=worker, results=results, n=self._batch(n), now=now,
+                          max_train=self._queue.config.pull_batch, **lease_options(**options))
 
     def _batch(self, n: int | None) -> int:
         return self._queue.config.pull_batch if n is None else n

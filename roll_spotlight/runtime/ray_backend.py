@@ -176,11 +176,21 @@ class RayBackend:
         self._spot_inbox = self.inbox if cfg.spot_trains() else None  # spot workers train, or only explore
         self._add_workers("ondemand", ONDEMAND, self.cluster.ondemand_workers)
         self._add_workers("spot", SPOT, self.cluster.spot_workers)
+        self._wait_started()
         self._phases = Timeline("driver")
         self._market_at_train = (0, 0)
         self.spot = None
         if cfg.spot.enabled:
             self.spot = self._start_spot(cfg, spot_market, spot_clock, spot_worker_kwargs)
+
+    def _wait_started(self, timeout_s: float = 300.0) -> None:
+        """Return once every worker and reward actor is up, as the spot pool waits for its fleet:
+        iteration 1 starts on a loaded cluster, as the simulator's (not times the time-scale)."""
+        refs = [w.weight_version.remote() for w in self.workers.values()] + [r.stats.remote() for r in self.rewards]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            log.warning("%d of %d workers and reward actors were not up after %.0f s; the run starts anyway",
+                        len(refs) - len(ready), len(refs), timeout_s)
 
     def _start_spot(self, cfg: RunConfig, market, clock, worker_kwargs):
         from roll_spotlight.spot_pool.training_pool import spot_elastic, start_training_pool

@@ -160,8 +160,8 @@ class ElasticSpotPool:
         return sum(node.state is NodeState.SERVING for node in self.nodes.values())
 
     def owns(self, worker: str) -> bool:
-        """Is ``worker`` one of this pool's workers (alive or gone)?"""
-        return worker in self._by_worker
+        """Is ``worker`` one of this pool's workers (alive or gone), on any GPU of its node?"""
+        return worker in self._by_worker or node_worker(worker) in self._by_worker
 
     def poll(self, now: float) -> list[MarketEvent]:
         """Handle actor deaths, apply every event due by ``now``, then let the launcher advance
@@ -265,3 +265,14 @@ class ElasticSpotPool:
 
 def _spot_pool_name(zone: str) -> str:
     return f"spot/{zone}" if zone else "spot"
+
+
+def gpu_worker(name: str, gpu: int) -> str:
+    """The name of the worker on GPU ``gpu`` of the node whose worker is ``name``."""
+    return name if gpu == 0 else f"{name}/g{gpu}"
+
+
+def node_worker(worker: str) -> str:
+    """The node's worker name of ``worker`` (`gpu_worker`'s inverse)."""
+    name, sep, gpu = worker.rpartition("/g")
+    return name if sep and gpu.isdigit() else worker

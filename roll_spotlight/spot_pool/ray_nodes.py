@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from roll_spotlight.config.run import SPOT_RESOURCE
 from roll_spotlight.spot.market import EventKind, MarketEvent
+from roll_spotlight.spot_pool.pool import gpu_worker
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class RayWorkerLauncher:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        names = [name if gpu == 0 else f"{name}/g{gpu}" for gpu in range(self.gpus_per_node)]
+        names = [gpu_worker(name, gpu) for gpu in range(self.gpus_per_node)]
         self.nodes[name] = names
         for gpu, worker in enumerate(names):
             handle = RolloutWorker.options(**options).remote(
