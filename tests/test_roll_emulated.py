@@ -27,11 +27,12 @@ def _launch(cwd: Path, *argv: str, timeout: float = 600) -> subprocess.Completed
 
 def test_an_emulated_roll_run_follows_a_spot_raylet_through_notice_and_kill(tmp_path):
     """Eight iterations on emulated H100s at time-scale 4 with one spot node of one GPU that the trace
-    notices 2 s ahead and kills 6 s in: ROLL joins the harness's cluster (and so stops no other),
+    notices 2 s ahead and kills 30 s in (wall time; long enough for its worker to start on a busy
+    machine): ROLL joins the harness's cluster (and so stops no other),
     its workers sit on the head, the spot worker trains micro-batches and explores until the kill,
     and nothing is lost, repeated or mismatched."""
     trace = tmp_path / "aws-trace.csv"
-    trace.write_text("0,add,a\n24000,remove,a\n36000000,add,b\n")  # Bamboo's format: ms, event, node
+    trace.write_text("0,add,a\n120000,remove,a\n36000000,add,b\n")  # Bamboo's format: ms, event, node
     out = _launch(tmp_path, "--emulate", "h100", "--time-scale", "4", "max_steps=8", "eval_steps=4",
                   "spot.enabled=true", "+spot.max_workers=1", f"+spot.trace={trace}", "+spot.notice_s=2.0",
                   "+spot.training_phase=train", "+train.use_lora=true", "++task.val_prompts=16")
