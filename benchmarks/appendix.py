@@ -71,7 +71,8 @@ def _headline_section(estimates, shapes, result) -> str:
     count = "not measured" if vanilla.get("value") is None else (
         f"{'>= ' if vanilla.get('bound') == 'lower' else ''}{vanilla['value']:g}")
     lines = ["## Headline: spot systems vs vanilla (vanilla / system; higher is better for the system)", "",
-             f"**Iterations ratio of Spotlight today (MEASURED, tiny task, {conv.get('source', 'this run')})**: "
+             f"**Iterations ratio of Spotlight today (MEASURED, {conv.get('regime', 'tiny task')}, "
+             f"{conv.get('source', 'this run')})**: "
              f"{iterations_note(estimates)}.", "",
              "**Naive spot and Spotlight with spot training compute vanilla's update** (the same samples; spot "
              "training adds the same micro-batch gradients in another float summation order, which the runtime "

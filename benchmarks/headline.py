@@ -156,17 +156,33 @@ def system_iterations(estimates: Mapping[str, Mapping[str, Any]], system: str) -
     return iterations_ratio(estimates.get("vanilla"), estimates.get(setting or ""))
 
 
+def exploration_ratio(summary: Mapping[str, Any], setting: str) -> Ratio:
+    """vanilla / ``setting`` iterations to target from ``benchmarks.explore_convergence``'s summary:
+    the geometric mean of the per-seed ratios; a lower bound where only vanilla's runs were censored
+    at the horizon, an upper bound where only the setting's were, unknown where both were."""
+    entry, vanilla = summary["settings"].get(setting) or {}, summary["settings"].get("vanilla") or {}
+    if entry.get("iterations_ratio_geomean") is None:
+        return Ratio(None, "unknown")
+    runs = [(vanilla["runs"][str(s)], entry["runs"][str(s)]) for s in entry["seeds"]]
+    censored = (any(not v["reached"] for v, _ in runs), any(not m["reached"] for _, m in runs))
+    bound = {(False, False): "exact", (True, False): "lower", (False, True): "upper"}.get(censored)
+    return Ratio(entry["iterations_ratio_geomean"], bound) if bound else Ratio(None, "unknown")
+
+
 def headline(estimates: Mapping[str, Mapping[str, Any]], sims: Mapping[int, Mapping[str, Any]],
              shape: str = "", baselines: tuple[str, ...] = VANILLAS,
-             systems: tuple[str, ...] = ("spotlight",)) -> list[HeadlineRow]:
+             systems: tuple[str, ...] = ("spotlight",), iterations: Mapping[str, Ratio] | None = None
+             ) -> list[HeadlineRow]:
     """Rows for every system of ``systems``, resolution in ``sims`` (a ``sim.api.simulate`` result
     per resolution), metric and vanilla of ``baselines`` that the simulation has (the fair-cost one
-    only when simulated)."""
+    only when simulated). ``iterations`` replaces a system's iterations ratio (one measured elsewhere,
+    e.g. :func:`exploration_ratio` in a named regime)."""
     rows = []
     for system in systems:
-        ratio = system_iterations(estimates, system)
+        ratio = (iterations or {}).get(system) or system_iterations(estimates, system)
         setting = setting_of(system)
-        medians = None if setting == "vanilla" else censored_medians(estimates.get("vanilla"), estimates.get(setting))
+        medians = (None if setting == "vanilla" or system in (iterations or {})
+                   else censored_medians(estimates.get("vanilla"), estimates.get(setting)))
         for resolution, sim in sorted(sims.items()):
             if system not in sim["baselines"]:
                 continue

@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from benchmarks import plots
 from benchmarks.appendix import appendix_sections, shape_label
-from benchmarks.headline import (TARGETS, Ratio, VerdictRow, iterations_note, time_and_cost_to_target,
-                                 verdict_rows)
+from benchmarks.headline import (TARGETS, Ratio, VerdictRow, exploration_ratio, headline, iterations_note,
+                                 time_and_cost_to_target, verdict_rows)
 from benchmarks.paper import PAPER_CLAIMS
 
 APPENDIX = "APPENDIX.md"
@@ -148,7 +148,8 @@ def _reading_section(result, estimates) -> str:
     scales = sorted({r["row"]["time_scale"] for r in emu.get("rows") or []})
     return "\n".join([
         "How to read it:", "",
-        f"- Iterations ratio: {iterations_note(estimates)} for Spotlight exploring; Spotlight with spot training "
+        f"- Iterations ratio: {iterations_note(estimates)} for Spotlight exploring "
+        f"({(result.get('convergence') or {}).get('regime', 'regime not recorded')}); Spotlight with spot training "
         "computes vanilla's update (the same samples and gradient, summed in another order), so it takes "
         "vanilla's MEASURED iterations: 1.00 by construction.",
         "- Per iteration: SIMULATED on the cluster and trace named in the appendix; EMULATED by the live system "
@@ -230,4 +231,38 @@ def _emulated_batching_rows(runs: Mapping[str, Any]) -> list[str]:
             "|---|---|---:|---:|---:|---:|", *lines]
 
 
-EXTRA_SECTIONS: tuple = (_batching_section,)  # short sections after the verdict: (result) -> str
+def _exploration_section(result) -> str:
+    """Spotlight exploring to target in the regime of ``result["exploration"]``: its MEASURED iterations
+    ratio (``benchmarks.explore_convergence``) x its SIMULATED per-iteration ratio, per cluster shape."""
+    exp, named = result.get("exploration"), _named_shapes(result)
+    if not exp or not named:
+        return ""
+    summary, setting = exp["summary"], exp["setting"]
+    entry, vanilla = summary["settings"].get(setting) or {}, summary["settings"].get("vanilla") or {}
+    ratio = exploration_ratio(summary, setting)
+    per_seed = ", ".join(f"{x:.2f}" for x in entry.get("iterations_ratio_per_seed") or [])
+    p = entry.get("p_one_sided")
+    share = [r["all_equal"] for r in (vanilla.get("runs") or {}).values()]
+    by_cell: dict = {}
+    for name, sims in named.items():
+        for r in headline(_estimates(result), sims, shape=shape_label(name, sims), baselines=("vanilla",),
+                          systems=("spotlight",), iterations={"spotlight": ratio}):
+            by_cell.setdefault((r.shape, r.resolution), {})[r.metric] = r
+    lines = ["## Spotlight exploring, in the regime where its iterations were measured", "",
+             f"Regime: **{exp['regime']}**"
+             + (f" (vanilla's trained groups {sum(share) / len(share):.2f} all equal, MEASURED)" if share else "")
+             + f". Vanilla / Spotlight (`{setting}`) iterations to {summary['target']:.4f}: **{ratio.text()}** "
+             f"MEASURED (geometric mean over seeds {', '.join(str(s) for s in entry.get('seeds') or [])}: {per_seed}; "
+             f"one-sided p {'-' if p is None else f'{p:.3f}'}; `{exp['source']}`). Each figure is that ratio x "
+             "Spotlight exploring's SIMULATED per-iteration ratio against vanilla on the same on-demand GPUs.", "",
+             "| cluster | resolution | time to target | cost to target | per iteration time / cost (SIMULATED) "
+             "| target time / cost | met? |", "|---|---|---:|---:|---|---|---|"]
+    for (shape, res), rows in by_cell.items():
+        t, c = rows["time"], rows["cost"]
+        lines.append(f"| {shape} | {res}x{res} | **{_text(t.total)}** | **{_text(c.total)}** | "
+                     f"{t.per_iteration:.2f}x / {c.per_iteration:.2f}x | >= {t.target:g}x / >= {c.target:g}x "
+                     f"| {_met(t.met)} / {_met(c.met)} |")
+    return "\n".join(lines)
+
+
+EXTRA_SECTIONS: tuple = (_exploration_section, _batching_section)  # short sections after the verdict: (result) -> str

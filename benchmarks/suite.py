@@ -58,6 +58,8 @@ SPOT_HEAVY_SHAPE = ("spot-heavy", 2, 14)
 RESULTS_DIR = Path("benchmarks/results")
 RANK_VS_STEPS_JSON = RESULTS_DIR / "explore_rank_vs_steps.json"
 BATCHING_JSON = RESULTS_DIR / "sim_rollout_batching.json"
+# the exploration setting's iterations ratio where it was measured to pay (benchmarks.explore_convergence)
+EXPLORATION_JSON = RESULTS_DIR / "explore_convergence_g4_strict_confirm.json"
 BATCHING_EMULATED = {"batched": RESULTS_DIR / "emulate_batched_8x8_512.json",
                      "max_batch 1": RESULTS_DIR / "emulate_batch1_8x8_512.json"}
 
@@ -94,6 +96,7 @@ class SuiteConfig:
     studies_dir: Path | None = RESULTS_DIR       # saved convergence studies listed in the report
     rank_vs_steps_json: Path | None = RANK_VS_STEPS_JSON  # the cheap-exploration study, quoted in the report
     batching_json: Path | None = BATCHING_JSON   # `python -m benchmarks.sim_rollout_batching`'s rows, quoted
+    exploration_json: Path | None = EXPLORATION_JSON  # Spotlight exploring's rows take its iterations ratio
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.mechanisms) - set(MECHANISMS))
@@ -154,7 +157,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
               "smoke": cfg.smoke, "command": _command_line(), "config": _config_dict(cfg),
               "mechanisms": mech, "simulator": sims, "convergence": conv, "studies": studies, "emulated": emulated,
               "cheap_exploration": cheap_exploration(cfg.rank_vs_steps_json),
-              "batching": _saved(cfg.batching_json),
+              "batching": _saved(cfg.batching_json), "exploration": exploration_regime(cfg.exploration_json),
               "batching_emulated": {mode: _saved(path) for mode, path in BATCHING_EMULATED.items()},
               "stages": [dataclasses.asdict(s) for s in stages], "wall_s": time.monotonic() - t0}
     report = write_report(result, cfg.out_dir)
@@ -338,9 +341,32 @@ def _convergence(cfg: SuiteConfig) -> dict:
         target, rule = choose_target(records, cfg.convergence.target if cfg.convergence.target is not None
                                      else (saved_targets.pop() if len(saved_targets) == 1 else None))
         return {"kind": "measured", "source": ", ".join(str(p) for p in paths),
+                "regime": regime_label((payloads[0].get("budget") or {}).get("overrides") or []),
                 "summary": summarize(records, target, rule),
                 "runs": [dataclasses.asdict(r) | {"horizon": r.horizon} for r in records], "budget": None}
-    return run_convergence(cfg.convergence, cfg.out_dir / "convergence")
+    return run_convergence(cfg.convergence, cfg.out_dir / "convergence") | {
+        "regime": regime_label(cfg.convergence.overrides)}
+
+
+def regime_label(overrides: Sequence[str], config: str | Path = "configs/tiny_shapes.yaml") -> str:
+    """The regime a tiny-task study trained in, in words: reward, group size, horizon (the last override wins)."""
+    import yaml
+
+    base = yaml.safe_load(Path(config).read_text()) if Path(config).is_file() else {}
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    mode = given.get("reward.kwargs.mode", ((base.get("reward") or {}).get("kwargs") or {}).get("mode", "?"))
+    group = given.get("train.group_size", (base.get("train") or {}).get("group_size", "?"))
+    return f"tiny shapes, {mode} reward, groups of {group}, {given.get('max_steps', base.get('max_steps', '?'))} iterations"
+
+
+def exploration_regime(path: Path | None, setting: str = "adaptive") -> dict | None:
+    """``benchmarks.explore_convergence``'s saved study of ``setting`` against vanilla, with its regime
+    in words (MEASURED); None when the file is absent."""
+    data = _saved(path)
+    if data is None:
+        return None
+    return {"source": str(path), "setting": setting, "summary": data["summary"],
+            "regime": regime_label(data.get("overrides") or [], data.get("config") or "configs/tiny_shapes.yaml")}
 
 
 def saved_studies(folder: Path, headline_files: Sequence[Path] = ()) -> list[dict]:
@@ -456,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config override for every convergence run (repeatable)")
     p.add_argument("--target", type=float, default=None,
                    help="validation reward to reach (default: vanilla's final validation reward)")
+    p.add_argument("--exploration-json", type=Path, default=None,
+                   help=f"`python -m benchmarks.explore_convergence`'s study whose measured iterations ratio the "
+                        f"Spotlight-exploring rows take, with its regime (default {EXPLORATION_JSON})")
     p.add_argument("--convergence-json", type=Path, nargs="+", default=None,
                    help="use saved convergence results (python -m benchmarks.convergence or the suite's output) instead of "
                         "running; several files (e.g. seeds 0-2 and 3-5) are merged into one study")
@@ -475,7 +504,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         parallel=args.convergence_parallel or (conv.parallel if args.smoke else max(1, min(2, os.cpu_count() or 1))))
     changes: dict[str, Any] = {"convergence": conv, "convergence_json": tuple(args.convergence_json or ()),
                                "mechanisms": tuple(m for m in base.mechanisms if m not in args.skip)}
-    for key in ("ondemand", "spot", "traces_root", "mechanisms_json", "emulate_json"):
+    for key in ("ondemand", "spot", "traces_root", "mechanisms_json", "emulate_json", "exploration_json"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
     given = {"paper": args.paper_shape, "spot-heavy": args.spot_heavy_shape}

@@ -85,6 +85,36 @@ def test_iterations_ratio_keeps_bounds():
     assert Ratio(2.5, "lower").text() == ">= 2.50x" and Ratio(None, "unknown").text() == "not measured"
 
 
+def test_exploration_rows_take_the_measured_ratio_and_name_the_regime(tmp_path):
+    from benchmarks.headline import exploration_ratio
+    from benchmarks.report import _exploration_section
+    from benchmarks.suite import exploration_regime
+
+    def runs(its):
+        return {str(s): {"iterations": i, "reached": True, "all_equal": 0.5} for s, i in enumerate(its)}
+    vanilla, adaptive = {"runs": runs([6, 4]), "seeds": [0, 1]}, {
+        "runs": runs([2, 2]), "seeds": [0, 1], "iterations_ratio_per_seed": [3.0, 2.0],
+        "iterations_ratio_geomean": 6 ** 0.5, "p_one_sided": 0.07}
+    summary = {"target": 0.5156, "settings": {"vanilla": vanilla, "adaptive": adaptive}}
+    assert exploration_ratio(summary, "adaptive") == Ratio(6 ** 0.5, "exact")
+    vanilla["runs"]["0"]["reached"] = False      # vanilla censored at the horizon: at least
+    assert exploration_ratio(summary, "adaptive").bound == "lower"
+    adaptive["runs"]["1"]["reached"] = False     # both sides censored: unknown
+    assert exploration_ratio(summary, "adaptive").value is None
+    vanilla["runs"]["0"]["reached"] = adaptive["runs"]["1"]["reached"] = True
+    path = tmp_path / "explore.json"
+    path.write_text(json.dumps({"config": str(REPO / "configs/tiny_shapes.yaml"), "summary": summary,
+                                "overrides": ["reward.kwargs.mode=strict", "train.group_size=4", "max_steps=6"]}))
+    sim = _sim(200.0, 100.0, 10.0, 8.0)
+    sim["cluster"]["spot_gpus"] = 8
+    text = _exploration_section({"exploration": exploration_regime(path), "simulator": {"by_resolution": {"512": sim}}})
+    assert "Regime: **tiny shapes, strict reward, groups of 4, 6 iterations**" in text
+    assert "**2.45x** MEASURED" in text and "one-sided p 0.070" in text
+    # 2.45 x the SIMULATED per-iteration 2.00 (time) and 1.25 (cost)
+    assert "| today: 8 on-demand + 8 spot | 512x512 | **4.90x** | **3.06x** | 2.00x / 1.25x |" in text
+    assert _exploration_section({}) == "" and exploration_regime(tmp_path / "absent.json") is None
+
+
 def test_headline_products_targets_and_shortfall():
     sims = {512: _sim(200.0, 100.0, 10.0, 8.0), 1280: _sim(200.0, 100.0, 10.0, 8.0)}
     rows = {(r.resolution, r.metric): r for r in headline({"vanilla": _est(30), "spotlight": _est(10)}, sims)}
