@@ -30,12 +30,15 @@ def test_an_emulated_roll_run_follows_a_spot_raylet_through_notice_and_kill(tmp_
     notices 2 s ahead and kills 30 s in (wall time; long enough for its worker to start on a busy
     machine): ROLL joins the harness's cluster (and so stops no other),
     its workers sit on the head, the spot worker trains micro-batches and explores until the kill,
-    and nothing is lost, repeated or mismatched."""
+    and nothing is lost, repeated or mismatched. Batches of 2, as in the standalone twin
+    (test_emulation): at the recipe's batch 1 the spot worker trained none of 8 updates' micro-batches
+    (each update 1.1-1.7 s of wall time) in a run at load 2-5."""
     trace = tmp_path / "aws-trace.csv"
     trace.write_text("0,add,a\n120000,remove,a\n36000000,add,b\n")  # Bamboo's format: ms, event, node
     out = _launch(tmp_path, "--emulate", "h100", "--time-scale", "4", "max_steps=8", "eval_steps=4",
                   "spot.enabled=true", "+spot.max_workers=1", f"+spot.trace={trace}", "+spot.notice_s=2.0",
-                  "+spot.training_phase=train", "+train.use_lora=true", "++task.val_prompts=16")
+                  "+spot.training_phase=train", "+train.use_lora=true", "++task.val_prompts=16",
+                  "++sampling.max_batch=2")
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "output" / "tiny_shapes_roll"
     emulation = json.loads((run / "emulation.json").read_text())
