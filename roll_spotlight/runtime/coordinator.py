@@ -66,11 +66,11 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-
 def rollouts_then_scores(backend: Backend, specs: list[RequestSpec]) -> tuple:
     """`Backend.rollouts_scored` for a backend that cannot overlap rewards with rollouts."""
     outputs = backend.rollouts(specs)
     return outputs, backend.score(np.stack([o.image for o in outputs]), [s.prompt for s in specs])
+
 
 @dataclass
 class RunResult:
